@@ -1,0 +1,18 @@
+//! Schema migrations for Pulse. A migration is never edited after it lands: a change is a new file.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261121_000001_create_users;
+mod m20261121_000002_create_articles;
+
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![
+            Box::new(m20261121_000001_create_users::Migration),
+            Box::new(m20261121_000002_create_articles::Migration),
+        ]
+    }
+}

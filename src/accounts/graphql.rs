@@ -1,0 +1,138 @@
+use async_graphql::dataloader::DataLoader;
+use async_graphql::{Context, ID, Object, SimpleObject};
+use chrono::{DateTime, Utc};
+
+use super::loader::UserLoader;
+use crate::articles::graphql::ArticleConnection;
+use crate::entities::users;
+use crate::error::GqlResultExt;
+use crate::graphql::ids::{self, NodeType};
+use crate::graphql::pagination::{PageRequest, connection_complexity};
+use crate::graphql::{request, services};
+
+pub struct User(pub users::Model);
+
+#[Object]
+impl User {
+    pub async fn id(&self) -> ID {
+        ids::encode(NodeType::User, self.0.id)
+    }
+
+    async fn handle(&self) -> &str {
+        &self.0.handle
+    }
+
+    async fn created_at(&self) -> DateTime<Utc> {
+        self.0.created_at.and_utc()
+    }
+
+    /// Whether this user holds the admin role. Only the user themself can see it; null for others.
+    async fn is_admin(&self, ctx: &Context<'_>) -> Option<bool> {
+        (request(ctx).viewer == Some(self.0.id)).then_some(self.0.is_admin)
+    }
+
+    /// This user's articles, newest first.
+    #[graphql(complexity = "connection_complexity(child_complexity, first)")]
+    async fn articles(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: Option<i32>,
+        after: Option<String>,
+    ) -> async_graphql::Result<ArticleConnection> {
+        let page = PageRequest::parse(first, after.as_deref()).gql()?;
+        let articles = services(ctx)
+            .articles
+            .list(page, Some(self.0.id))
+            .await
+            .gql()?;
+        Ok(crate::articles::graphql::connection(articles))
+    }
+}
+
+/// Loads a user through the request's batching loader.
+pub async fn load_user(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<User>> {
+    Ok(ctx
+        .data_unchecked::<DataLoader<UserLoader>>()
+        .load_one(id)
+        .await?
+        .map(User))
+}
+
+#[derive(SimpleObject)]
+pub struct AuthPayload {
+    /// Send as `Authorization: Bearer <token>`, or as `token` in a websocket's connection_init payload.
+    token: String,
+    user: User,
+}
+
+impl From<super::service::Session> for AuthPayload {
+    fn from(session: super::service::Session) -> Self {
+        Self {
+            token: session.token,
+            user: User(session.user),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct AccountsQuery;
+
+#[Object]
+impl AccountsQuery {
+    /// The signed-in user; null when anonymous.
+    async fn viewer(&self, ctx: &Context<'_>) -> async_graphql::Result<Option<User>> {
+        match request(ctx).viewer {
+            Some(id) => load_user(ctx, id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn user(&self, ctx: &Context<'_>, handle: String) -> async_graphql::Result<Option<User>> {
+        let Ok(handle) = super::service::Handle::parse(&handle) else {
+            return Ok(None);
+        };
+        Ok(services(ctx)
+            .accounts
+            .by_handle(&handle)
+            .await
+            .gql()?
+            .map(User))
+    }
+}
+
+#[derive(Default)]
+pub struct AccountsMutation;
+
+#[Object]
+impl AccountsMutation {
+    /// Creates an account and signs it in. Handles are case-insensitive.
+    async fn sign_up(
+        &self,
+        ctx: &Context<'_>,
+        handle: String,
+        password: String,
+    ) -> async_graphql::Result<AuthPayload> {
+        let client = request(ctx).client_ip;
+        Ok(services(ctx)
+            .accounts
+            .sign_up(client, &handle, &password)
+            .await
+            .gql()?
+            .into())
+    }
+
+    async fn sign_in(
+        &self,
+        ctx: &Context<'_>,
+        handle: String,
+        password: String,
+    ) -> async_graphql::Result<AuthPayload> {
+        let client = request(ctx).client_ip;
+        Ok(services(ctx)
+            .accounts
+            .sign_in(client, &handle, &password)
+            .await
+            .gql()?
+            .into())
+    }
+}

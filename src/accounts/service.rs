@@ -1,0 +1,243 @@
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
+    SqlErr,
+};
+
+use super::{password, tokens::TokenSigner};
+use crate::entities::users;
+use crate::error::{AppError, AppResult};
+use crate::redis::Redis;
+
+const HANDLE_LEN: std::ops::RangeInclusive<usize> = 3..=32;
+const PASSWORD_LEN: std::ops::RangeInclusive<usize> = 8..=128;
+const AUTH_WINDOW: Duration = Duration::from_secs(60);
+
+/// A handle as stored: lower-cased ASCII letters, digits and underscores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handle(String);
+
+impl Handle {
+    pub fn parse(raw: &str) -> AppResult<Self> {
+        let handle = raw.trim().to_ascii_lowercase();
+        let well_formed = HANDLE_LEN.contains(&handle.len())
+            && handle
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !well_formed {
+            return Err(AppError::bad_input(
+                "handle",
+                format!(
+                    "a handle is {}–{} letters, digits or underscores",
+                    HANDLE_LEN.start(),
+                    HANDLE_LEN.end()
+                ),
+            ));
+        }
+        Ok(Self(handle))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn check_password(password: &str) -> AppResult<()> {
+    if PASSWORD_LEN.contains(&password.chars().count()) {
+        Ok(())
+    } else {
+        Err(AppError::bad_input(
+            "password",
+            format!(
+                "a password is {}–{} characters",
+                PASSWORD_LEN.start(),
+                PASSWORD_LEN.end()
+            ),
+        ))
+    }
+}
+
+pub struct Session {
+    pub token: String,
+    pub user: users::Model,
+}
+
+#[derive(Clone)]
+pub struct AccountService {
+    db: DatabaseConnection,
+    redis: Redis,
+    tokens: Arc<TokenSigner>,
+    auth_attempts_per_minute: u32,
+}
+
+impl AccountService {
+    pub fn new(
+        db: DatabaseConnection,
+        redis: Redis,
+        tokens: Arc<TokenSigner>,
+        auth_attempts_per_minute: u32,
+    ) -> Self {
+        Self {
+            db,
+            redis,
+            tokens,
+            auth_attempts_per_minute,
+        }
+    }
+
+    pub fn tokens(&self) -> &TokenSigner {
+        &self.tokens
+    }
+
+    #[tracing::instrument(skip_all)]
+    pub async fn sign_up(
+        &self,
+        client: IpAddr,
+        handle: &str,
+        password: &str,
+    ) -> AppResult<Session> {
+        let handle = Handle::parse(handle)?;
+        check_password(password)?;
+        self.throttle(client).await?;
+        let password_hash = password::hash(password.to_owned()).await?;
+        let user = users::ActiveModel {
+            handle: Set(handle.as_str().to_owned()),
+            password_hash: Set(password_hash),
+            is_admin: Set(false),
+            created_at: Set(crate::db::now()),
+            ..Default::default()
+        }
+        .insert(&self.db)
+        .await
+        .map_err(|err| match err.sql_err() {
+            Some(SqlErr::UniqueConstraintViolation(_)) => {
+                AppError::bad_input("handle", "that handle is taken")
+            }
+            _ => err.into(),
+        })?;
+        tracing::info!(user.id = user.id, "user signed up");
+        Ok(Session {
+            token: self.tokens.issue(user.id)?,
+            user,
+        })
+    }
+
+    #[tracing::instrument(skip_all)]
+    pub async fn sign_in(
+        &self,
+        client: IpAddr,
+        handle: &str,
+        password: &str,
+    ) -> AppResult<Session> {
+        let rejected = AppError::Unauthenticated("wrong handle or password");
+        // Malformed credentials get the same answer as wrong ones: nothing to learn from the difference.
+        let (Ok(handle), Ok(())) = (Handle::parse(handle), check_password(password)) else {
+            return Err(rejected);
+        };
+        self.throttle(client).await?;
+        let user = self.by_handle(&handle).await?;
+        let hash = user.as_ref().map(|user| user.password_hash.clone());
+        match user {
+            Some(user) if password::verify(password.to_owned(), hash).await? => Ok(Session {
+                token: self.tokens.issue(user.id)?,
+                user,
+            }),
+            _ => Err(rejected),
+        }
+    }
+
+    /// Counts an authentication attempt from `client` against the per-minute allowance.
+    async fn throttle(&self, client: IpAddr) -> AppResult<()> {
+        if self.auth_attempts_per_minute == 0 {
+            return Ok(());
+        }
+        let mut conn = self.redis.conn.clone();
+        let (allowed, reset_ms): (i64, i64) = self
+            .redis
+            .scripts
+            .rate_limit
+            .key(self.redis.keys.auth_attempts(client))
+            .arg(self.auth_attempts_per_minute)
+            .arg(AUTH_WINDOW.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        if allowed == 1 {
+            Ok(())
+        } else {
+            Err(AppError::RateLimited {
+                retry_after_seconds: (reset_ms.max(0) as u64).div_ceil(1000).max(1),
+            })
+        }
+    }
+
+    pub async fn by_handle(&self, handle: &Handle) -> AppResult<Option<users::Model>> {
+        Ok(users::Entity::find()
+            .filter(users::Column::Handle.eq(handle.as_str()))
+            .one(&self.db)
+            .await?)
+    }
+
+    pub async fn by_id(&self, id: i64) -> AppResult<Option<users::Model>> {
+        Ok(users::Entity::find_by_id(id).one(&self.db).await?)
+    }
+
+    pub async fn by_ids(&self, ids: &[i64]) -> AppResult<Vec<users::Model>> {
+        Ok(users::Entity::find()
+            .filter(users::Column::Id.is_in(ids.iter().copied()))
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Fails with `FORBIDDEN` unless `user_id` currently holds the admin role.
+    pub async fn require_admin(&self, user_id: i64) -> AppResult<()> {
+        match self.by_id(user_id).await? {
+            Some(user) if user.is_admin => Ok(()),
+            Some(_) => Err(AppError::Forbidden("admins only")),
+            None => Err(AppError::Unauthenticated(
+                "the signed-in user no longer exists",
+            )),
+        }
+    }
+
+    /// Grants or revokes the admin role; `NOT_FOUND` when no such user exists.
+    pub async fn set_admin(&self, handle: &str, is_admin: bool) -> AppResult<users::Model> {
+        let handle = Handle::parse(handle)?;
+        let user = self
+            .by_handle(&handle)
+            .await?
+            .ok_or(AppError::NotFound("user"))?;
+        let mut active: users::ActiveModel = user.into();
+        active.is_admin = Set(is_admin);
+        Ok(active.update(&self.db).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_case_insensitive() {
+        assert_eq!(Handle::parse("  Alice_1 ").unwrap().as_str(), "alice_1");
+    }
+
+    #[test]
+    fn malformed_handles_are_bad_input() {
+        for raw in [
+            "ab",
+            "has space",
+            "émile",
+            "x".repeat(33).as_str(),
+            "semi;colon",
+        ] {
+            assert_eq!(
+                Handle::parse(raw).unwrap_err().code(),
+                "BAD_USER_INPUT",
+                "{raw}"
+            );
+        }
+    }
+}

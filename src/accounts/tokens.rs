@@ -1,0 +1,117 @@
+//! Signed session tokens (HS256 JWT) with an expiry.
+
+use std::time::Duration;
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Secret;
+use crate::error::{AppError, AppResult};
+
+/// Shortest secret accepted: HS256 is only as strong as its key.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    iat: i64,
+    exp: i64,
+}
+
+pub struct TokenSigner {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    validation: Validation,
+    ttl: Duration,
+}
+
+impl TokenSigner {
+    pub fn new(secret: &Secret, ttl: Duration) -> anyhow::Result<Self> {
+        let bytes = secret.expose().as_bytes();
+        anyhow::ensure!(
+            bytes.len() >= MIN_SECRET_BYTES,
+            "PULSE_TOKEN_SECRET must be at least {MIN_SECRET_BYTES} bytes"
+        );
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 5;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        Ok(Self {
+            encoding: EncodingKey::from_secret(bytes),
+            decoding: DecodingKey::from_secret(bytes),
+            validation,
+            ttl,
+        })
+    }
+
+    pub fn issue(&self, user_id: i64) -> AppResult<String> {
+        self.issue_at(user_id, chrono::Utc::now().timestamp())
+    }
+
+    /// A token as if issued at `issued_at` (unix seconds); tests use it to make expired tokens.
+    pub fn issue_at(&self, user_id: i64, issued_at: i64) -> AppResult<String> {
+        let claims = Claims {
+            sub: user_id.to_string(),
+            iat: issued_at,
+            exp: issued_at.saturating_add(self.ttl.as_secs() as i64),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .map_err(|err| AppError::Internal(format!("cannot sign a token: {err}")))
+    }
+
+    /// The user id a token was issued to, if it is genuine and unexpired.
+    pub fn verify(&self, token: &str) -> AppResult<i64> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
+            .map_err(|err| match err.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => {
+                    AppError::Unauthenticated("token expired; sign in again")
+                }
+                _ => AppError::Unauthenticated("invalid token"),
+            })?;
+        data.claims
+            .sub
+            .parse()
+            .map_err(|_| AppError::Unauthenticated("invalid token"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn signer(secret: &str) -> TokenSigner {
+        TokenSigner::new(&Secret::new(secret), Duration::from_secs(3600)).unwrap()
+    }
+
+    #[test]
+    fn a_token_names_its_user() {
+        let signer = signer("0123456789abcdef0123456789abcdef");
+        assert_eq!(signer.verify(&signer.issue(17).unwrap()).unwrap(), 17);
+    }
+
+    #[test]
+    fn a_token_signed_with_another_secret_is_refused() {
+        let token = signer("0123456789abcdef0123456789abcdef")
+            .issue(17)
+            .unwrap();
+        let err = signer("fedcba9876543210fedcba9876543210")
+            .verify(&token)
+            .unwrap_err();
+        assert_eq!(err.code(), "UNAUTHENTICATED");
+    }
+
+    #[test]
+    fn an_expired_token_is_refused() {
+        let signer = signer("0123456789abcdef0123456789abcdef");
+        let token = signer
+            .issue_at(17, chrono::Utc::now().timestamp() - 7200)
+            .unwrap();
+        assert!(
+            matches!(signer.verify(&token), Err(AppError::Unauthenticated(m)) if m.contains("expired"))
+        );
+    }
+
+    #[test]
+    fn short_secrets_are_refused() {
+        assert!(TokenSigner::new(&Secret::new("short"), Duration::from_secs(1)).is_err());
+    }
+}

@@ -1,0 +1,269 @@
+//! Wiring: configuration in, a running server out; and an orderly shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use base64::Engine as _;
+use sea_orm::DatabaseConnection;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::accounts::{AccountService, TokenSigner};
+use crate::articles::ArticleService;
+use crate::config::{Config, Secret};
+use crate::graphql::schema::{self, QueryLimits};
+use crate::graphql::{PulseSchema, Services};
+use crate::http::{HttpState, TrustedProxies};
+use crate::realtime::Hub;
+use crate::redis::Redis;
+use crate::redis::embedded::{self, RedisLocation};
+
+/// What tests and commands may reach into once the app is built.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: DatabaseConnection,
+    pub redis: Redis,
+    pub services: Services,
+    pub schema: PulseSchema,
+    pub tokens: Arc<TokenSigner>,
+    pub hub: Hub,
+}
+
+pub struct App {
+    listener: TcpListener,
+    router: axum::Router,
+    state: AppState,
+    redis_location: RedisLocation,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    shutdown_grace: std::time::Duration,
+}
+
+/// SQL and Redis, connected and ready, shared by the server and the one-shot commands.
+pub struct Backends {
+    pub db: DatabaseConnection,
+    pub redis: Redis,
+    pub redis_location: RedisLocation,
+}
+
+impl Backends {
+    pub async fn connect(config: &Config) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+        let db = crate::db::connect(&config.database_url()).await?;
+        crate::db::migrate(&db).await?;
+        let redis_location = embedded::locate(
+            config.redis_url.as_deref(),
+            &config.redis_server,
+            &config.data_dir,
+        )
+        .await?;
+        let redis = Redis::connect(redis_location.url(), &config.redis_prefix).await?;
+        Ok(Self {
+            db,
+            redis,
+            redis_location,
+        })
+    }
+
+    /// Stops a private redis-server, if this process started one.
+    pub async fn close(self) {
+        if let RedisLocation::Private(private) = self.redis_location {
+            private.stop().await;
+        }
+    }
+}
+
+impl App {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let secret = token_secret(&config)?;
+        let tokens = Arc::new(TokenSigner::new(&secret, config.token_ttl)?);
+        let Backends {
+            db,
+            redis,
+            redis_location,
+        } = Backends::connect(&config).await?;
+
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let hub = Hub::start(redis.client.clone(), shutdown.clone(), &tasks);
+        let services = Services {
+            accounts: AccountService::new(
+                db.clone(),
+                redis.clone(),
+                tokens.clone(),
+                config.auth_attempts_per_minute,
+            ),
+            articles: ArticleService::new(db.clone(), redis.clone(), hub.clone()),
+        };
+        for handle in config
+            .admins
+            .iter()
+            .filter(|handle| !handle.trim().is_empty())
+        {
+            match services.accounts.set_admin(handle, true).await {
+                Ok(_) => tracing::info!(handle, "admin role granted from PULSE_ADMINS"),
+                Err(err) => {
+                    tracing::warn!(handle, error = %err, "cannot grant admin role from PULSE_ADMINS")
+                }
+            }
+        }
+        let limits = QueryLimits {
+            max_depth: config.max_query_depth,
+            max_complexity: config.max_query_complexity,
+            introspection: config.introspection,
+        };
+        let schema = schema::build(limits, services.clone());
+        let state = AppState {
+            db,
+            redis,
+            services,
+            schema,
+            tokens,
+            hub,
+        };
+        let router = crate::http::router(HttpState {
+            schema: state.schema.clone(),
+            services: state.services.clone(),
+            tokens: state.tokens.clone(),
+            proxies: TrustedProxies::new(config.trusted_proxies.clone()),
+            db: state.db.clone(),
+            redis: state.redis.clone(),
+            metrics: crate::telemetry::metrics_handle(),
+            max_body_bytes: config.max_body_bytes,
+        });
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        Ok(Self {
+            listener,
+            router,
+            state,
+            redis_location,
+            shutdown,
+            tasks,
+            shutdown_grace: config.shutdown_grace,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn port(&self) -> u16 {
+        self.local_addr().port()
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until SIGTERM or Ctrl-C.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Serves until `stop` completes, then shuts down in order: stop accepting, let in-flight
+    /// requests finish (up to the grace period), let background tasks finish their current batch,
+    /// and stop a private Redis last, since those tasks may still be writing to it.
+    pub async fn run_until(
+        self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        tracing::info!(address = %self.local_addr(), "pulse is serving");
+        let shutdown = self.shutdown.clone();
+        let server = axum::serve(
+            self.listener,
+            self.router
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            stop.await;
+            tracing::info!("shutting down: draining in-flight requests");
+            shutdown.cancel();
+        });
+        let mut server = std::pin::pin!(server.into_future());
+        tokio::select! {
+            served = &mut server => served.context("the HTTP server failed")?,
+            () = async {
+                self.shutdown.cancelled().await;
+                tokio::time::sleep(self.shutdown_grace).await;
+            } => tracing::warn!("in-flight requests did not finish within the grace period"),
+        }
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        if let RedisLocation::Private(private) = self.redis_location {
+            private.stop().await;
+        }
+        tracing::info!("pulse stopped");
+        Ok(())
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
+
+/// The token secret: configured, or in dev mode one generated once and kept in the data dir so that
+/// tokens survive restarts.
+fn token_secret(config: &Config) -> anyhow::Result<Secret> {
+    if let Some(secret) = &config.token_secret {
+        return Ok(secret.clone());
+    }
+    if !config.dev {
+        bail!(
+            "PULSE_TOKEN_SECRET is not set. Set it to a random string of at least {} bytes \
+             (e.g. `openssl rand -base64 48`), or pass --dev (PULSE_DEV=true) to generate one for development.",
+            crate::accounts::tokens::MIN_SECRET_BYTES
+        );
+    }
+    std::fs::create_dir_all(&config.data_dir)?;
+    let path = config.data_dir.join("dev-token-secret");
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        return Ok(Secret::new(existing.trim().to_owned()));
+    }
+    let secret = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 48]>());
+    write_private(&path, &secret)?;
+    tracing::warn!(
+        path = %path.display(),
+        "dev mode: generated a token secret; set PULSE_TOKEN_SECRET in production"
+    );
+    Ok(Secret::new(secret))
+}
+
+fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(contents.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+use async_graphql::connection::{Connection, Edge, EmptyFields};
+use async_graphql::dataloader::DataLoader;
+use async_graphql::{Context, ID, InputObject, Object, Subscription};
+use chrono::{DateTime, Utc};
+use futures_util::{Stream, StreamExt};
+
+use super::loader::ArticleLoader;
+use super::service::ArticleChanges;
+use crate::accounts::graphql::{User, load_user};
+use crate::entities::articles;
+use crate::error::{AppError, GqlResultExt};
+use crate::graphql::ids::{self, NodeType};
+use crate::graphql::pagination::{IdCursor, Page, PageRequest, connection_complexity};
+use crate::graphql::{request, services};
+
+pub struct Article(pub articles::Model);
+
+pub type ArticleConnection = Connection<IdCursor, Article, EmptyFields, EmptyFields>;
+
+pub fn connection(page: Page<articles::Model>) -> ArticleConnection {
+    let mut connection = Connection::new(false, page.has_next_page);
+    connection.edges.extend(
+        page.items
+            .into_iter()
+            .map(|article| Edge::new(IdCursor(article.id), Article(article))),
+    );
+    connection
+}
+
+#[Object]
+impl Article {
+    pub async fn id(&self) -> ID {
+        ids::encode(NodeType::Article, self.0.id)
+    }
+
+    async fn title(&self) -> &str {
+        &self.0.title
+    }
+
+    async fn body(&self) -> &str {
+        &self.0.body
+    }
+
+    async fn author(&self, ctx: &Context<'_>) -> async_graphql::Result<User> {
+        load_user(ctx, self.0.author_id)
+            .await?
+            .ok_or_else(|| AppError::Internal(format!("article {} has no author", self.0.id)))
+            .gql()
+    }
+
+    async fn created_at(&self) -> DateTime<Utc> {
+        self.0.created_at.and_utc()
+    }
+
+    async fn updated_at(&self) -> DateTime<Utc> {
+        self.0.updated_at.and_utc()
+    }
+
+    /// Views counted so far.
+    async fn view_count(&self) -> i64 {
+        self.0.view_count
+    }
+
+    async fn like_count(&self) -> i64 {
+        self.0.like_count
+    }
+}
+
+/// Loads an article through the request's batching loader.
+pub async fn load_article(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<Article>> {
+    Ok(ctx
+        .data_unchecked::<DataLoader<ArticleLoader>>()
+        .load_one(id)
+        .await?
+        .map(Article))
+}
+
+#[derive(InputObject)]
+pub struct PublishArticleInput {
+    /// 1–200 characters.
+    title: String,
+    /// 1–50,000 characters.
+    body: String,
+}
+
+#[derive(InputObject)]
+pub struct EditArticleInput {
+    title: Option<String>,
+    body: Option<String>,
+}
+
+#[derive(Default)]
+pub struct ArticlesQuery;
+
+#[Object]
+impl ArticlesQuery {
+    async fn article(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Option<Article>> {
+        let id = ids::decode(&id, NodeType::Article, "id").gql()?;
+        load_article(ctx, id).await
+    }
+
+    /// All articles (or one author's), newest first.
+    #[graphql(complexity = "connection_complexity(child_complexity, first)")]
+    async fn articles(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: Option<i32>,
+        after: Option<String>,
+        author_id: Option<ID>,
+    ) -> async_graphql::Result<ArticleConnection> {
+        let page = PageRequest::parse(first, after.as_deref()).gql()?;
+        let author_id = author_id
+            .map(|id| ids::decode(&id, NodeType::User, "authorId"))
+            .transpose()
+            .gql()?;
+        Ok(connection(
+            services(ctx).articles.list(page, author_id).await.gql()?,
+        ))
+    }
+}
+
+#[derive(Default)]
+pub struct ArticlesMutation;
+
+#[Object]
+impl ArticlesMutation {
+    /// Publishes an article as the signed-in user.
+    async fn publish_article(
+        &self,
+        ctx: &Context<'_>,
+        input: PublishArticleInput,
+    ) -> async_graphql::Result<Article> {
+        let author = request(ctx).require_viewer().gql()?;
+        let article = services(ctx)
+            .articles
+            .publish(author, &input.title, &input.body)
+            .await
+            .gql()?;
+        Ok(Article(article))
+    }
+
+    /// Changes title/body only; never touches counters. Author only.
+    async fn edit_article(
+        &self,
+        ctx: &Context<'_>,
+        id: ID,
+        input: EditArticleInput,
+    ) -> async_graphql::Result<Article> {
+        let editor = request(ctx).require_viewer().gql()?;
+        let id = ids::decode(&id, NodeType::Article, "id").gql()?;
+        let changes = ArticleChanges {
+            title: input.title,
+            body: input.body,
+        };
+        Ok(Article(
+            services(ctx)
+                .articles
+                .edit(editor, id, changes)
+                .await
+                .gql()?,
+        ))
+    }
+}
+
+#[derive(Default)]
+pub struct ArticlesSubscription;
+
+#[Subscription]
+impl ArticlesSubscription {
+    /// Articles as they are published, optionally only one author's.
+    async fn article_published(
+        &self,
+        ctx: &Context<'_>,
+        author_id: Option<ID>,
+    ) -> async_graphql::Result<impl Stream<Item = Article> + use<>> {
+        let author_id = author_id
+            .map(|id| ids::decode(&id, NodeType::User, "authorId"))
+            .transpose()
+            .gql()?;
+        let published = services(ctx).articles.published();
+        Ok(published.filter_map(move |article| async move {
+            author_id
+                .is_none_or(|author| author == article.author_id)
+                .then_some(Article(article))
+        }))
+    }
+}

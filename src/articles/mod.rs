@@ -1,0 +1,12 @@
+//! Articles: publishing, editing and listing.
+//!
+//! SQL is the truth for articles. Edits write only the edited columns (title, body, updated_at), so
+//! they can never overwrite counters that flushers and archivers add to concurrently. Publishing
+//! announces the new article on pub/sub; that announcement is best-effort (the article is already
+//! committed) and may be missed by clients that were not listening.
+
+pub mod graphql;
+pub mod loader;
+pub mod service;
+
+pub use service::ArticleService;

@@ -1,0 +1,209 @@
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, SqlErr,
+};
+
+use crate::entities::articles;
+use crate::error::{AppError, AppResult};
+use crate::graphql::pagination::{Page, PageRequest};
+use crate::realtime::{Hub, HubSubscription};
+use crate::redis::Redis;
+
+pub const MAX_TITLE_CHARS: usize = 200;
+pub const MAX_BODY_CHARS: usize = 50_000;
+
+/// A title as stored: trimmed, non-empty, bounded, free of control characters.
+fn parse_title(raw: &str) -> AppResult<String> {
+    let title = raw.trim();
+    if title.is_empty() || title.chars().count() > MAX_TITLE_CHARS {
+        return Err(AppError::bad_input(
+            "title",
+            format!("a title is 1–{MAX_TITLE_CHARS} characters"),
+        ));
+    }
+    if title.chars().any(char::is_control) {
+        return Err(AppError::bad_input(
+            "title",
+            "a title cannot contain control characters",
+        ));
+    }
+    Ok(title.to_owned())
+}
+
+fn parse_body(raw: &str) -> AppResult<String> {
+    if raw.trim().is_empty() || raw.chars().count() > MAX_BODY_CHARS {
+        return Err(AppError::bad_input(
+            "body",
+            format!("a body is 1–{MAX_BODY_CHARS} characters"),
+        ));
+    }
+    Ok(raw.to_owned())
+}
+
+/// The fields an edit may change; `None` leaves a field as it is.
+#[derive(Debug, Default)]
+pub struct ArticleChanges {
+    pub title: Option<String>,
+    pub body: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct ArticleService {
+    db: DatabaseConnection,
+    redis: Redis,
+    hub: Hub,
+}
+
+impl ArticleService {
+    pub fn new(db: DatabaseConnection, redis: Redis, hub: Hub) -> Self {
+        Self { db, redis, hub }
+    }
+
+    #[tracing::instrument(skip_all, fields(author.id = author_id))]
+    pub async fn publish(
+        &self,
+        author_id: i64,
+        title: &str,
+        body: &str,
+    ) -> AppResult<articles::Model> {
+        let (title, body) = (parse_title(title)?, parse_body(body)?);
+        let now = crate::db::now();
+        let article = articles::ActiveModel {
+            author_id: Set(author_id),
+            title: Set(title),
+            body: Set(body),
+            view_count: Set(0),
+            like_count: Set(0),
+            created_at: Set(now),
+            updated_at: Set(now),
+            ..Default::default()
+        }
+        .insert(&self.db)
+        .await
+        .map_err(|err| match err.sql_err() {
+            Some(SqlErr::ForeignKeyConstraintViolation(_)) => {
+                AppError::Unauthenticated("the signed-in user no longer exists")
+            }
+            _ => err.into(),
+        })?;
+        self.announce(&article).await;
+        Ok(article)
+    }
+
+    /// Tells live subscribers about a new article. The article is committed already, so a failure
+    /// here is logged, not returned: the publish succeeded.
+    async fn announce(&self, article: &articles::Model) {
+        let payload = match serde_json::to_vec(article) {
+            Ok(payload) => payload,
+            Err(err) => return tracing::error!(error = %err, "cannot encode an article event"),
+        };
+        let mut conn = self.redis.conn.clone();
+        let published = redis::cmd("PUBLISH")
+            .arg(self.redis.keys.articles_published_channel())
+            .arg(payload)
+            .query_async::<i64>(&mut conn)
+            .await;
+        if let Err(err) = published {
+            tracing::warn!(error = %err, article.id = article.id, "article published but not announced");
+        }
+    }
+
+    /// Articles published from now on, as their committed rows.
+    pub fn published(&self) -> impl futures_util::Stream<Item = articles::Model> + use<> {
+        use futures_util::StreamExt as _;
+        let subscription: HubSubscription = self
+            .hub
+            .subscribe(self.redis.keys.articles_published_channel());
+        subscription.filter_map(|payload| async move {
+            serde_json::from_slice::<articles::Model>(&payload)
+                .inspect_err(
+                    |err| tracing::warn!(error = %err, "ignoring a malformed article event"),
+                )
+                .ok()
+        })
+    }
+
+    /// Changes title and/or body. Only the author may; the counters are not written.
+    #[tracing::instrument(skip_all, fields(article.id = id))]
+    pub async fn edit(
+        &self,
+        editor_id: i64,
+        id: i64,
+        changes: ArticleChanges,
+    ) -> AppResult<articles::Model> {
+        let title = changes.title.as_deref().map(parse_title).transpose()?;
+        let body = changes.body.as_deref().map(parse_body).transpose()?;
+        if title.is_none() && body.is_none() {
+            return Err(AppError::bad_input(
+                "input",
+                "nothing to change: give a title or a body",
+            ));
+        }
+        let article = self.get(id).await?.ok_or(AppError::NotFound("article"))?;
+        if article.author_id != editor_id {
+            return Err(AppError::Forbidden("only the author can edit an article"));
+        }
+        let mut update = articles::Entity::update_many()
+            .col_expr(articles::Column::UpdatedAt, Expr::value(crate::db::now()))
+            .filter(articles::Column::Id.eq(id))
+            .filter(articles::Column::AuthorId.eq(editor_id));
+        if let Some(title) = title {
+            update = update.col_expr(articles::Column::Title, Expr::value(title));
+        }
+        if let Some(body) = body {
+            update = update.col_expr(articles::Column::Body, Expr::value(body));
+        }
+        update.exec(&self.db).await?;
+        self.get(id).await?.ok_or(AppError::NotFound("article"))
+    }
+
+    pub async fn get(&self, id: i64) -> AppResult<Option<articles::Model>> {
+        Ok(articles::Entity::find_by_id(id).one(&self.db).await?)
+    }
+
+    pub async fn by_ids(&self, ids: &[i64]) -> AppResult<Vec<articles::Model>> {
+        Ok(articles::Entity::find()
+            .filter(articles::Column::Id.is_in(ids.iter().copied()))
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Newest first, optionally by one author. Ids grow with publication, so "newest first" is a
+    /// descending walk of the primary key and the cursor is the last id seen.
+    pub async fn list(
+        &self,
+        page: PageRequest,
+        author_id: Option<i64>,
+    ) -> AppResult<Page<articles::Model>> {
+        let mut query = articles::Entity::find().order_by_desc(articles::Column::Id);
+        if let Some(after) = page.after {
+            query = query.filter(articles::Column::Id.lt(after));
+        }
+        if let Some(author_id) = author_id {
+            query = query.filter(articles::Column::AuthorId.eq(author_id));
+        }
+        let rows = query.limit(page.fetch_limit()).all(&self.db).await?;
+        Ok(Page::from_overfetch(rows, page))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_are_trimmed_and_bounded() {
+        assert_eq!(parse_title("  Hello ").unwrap(), "Hello");
+        assert!(parse_title("   ").is_err());
+        assert!(parse_title(&"x".repeat(MAX_TITLE_CHARS + 1)).is_err());
+        assert!(parse_title("bell\u{7}").is_err());
+    }
+
+    #[test]
+    fn bodies_are_bounded() {
+        assert!(parse_body("").is_err());
+        assert!(parse_body(&"y".repeat(MAX_BODY_CHARS)).is_ok());
+        assert!(parse_body(&"y".repeat(MAX_BODY_CHARS + 1)).is_err());
+    }
+}

@@ -1,0 +1,219 @@
+//! Every setting Pulse reads, each both a `--flag` and an environment variable (see `.env.example`).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ipnet::IpNet;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pulse",
+    version,
+    about = "GraphQL engagement API: views, votes, likes, follow feed"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub config: Config,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP/GraphQL server (the default).
+    Serve,
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Print the GraphQL schema (SDL) to stdout.
+    PrintSchema,
+    /// Create demo users and articles (idempotent).
+    SeedDemo,
+    /// Administrative actions.
+    Admin {
+        #[command(subcommand)]
+        action: AdminAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminAction {
+    /// Give a user the admin role.
+    Grant { handle: String },
+    /// Take the admin role away from a user.
+    Revoke { handle: String },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// SQL database URL: sqlite://, postgres:// or mysql://. Default: a SQLite file in the data dir.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// Redis URL. Unset: use 127.0.0.1:6379 when it answers, else start a private redis-server.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Prefix of every Redis key, so several deployments (or tests) can share one Redis.
+    #[arg(long, env = "PULSE_REDIS_PREFIX", default_value = "pulse:")]
+    pub redis_prefix: String,
+
+    /// The redis-server binary started when no Redis is configured or reachable.
+    #[arg(long, env = "PULSE_REDIS_SERVER", default_value = "redis-server")]
+    pub redis_server: PathBuf,
+
+    /// Address the HTTP server listens on.
+    #[arg(long, env = "PULSE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Directory for the embedded SQLite file, the private Redis's data and the dev token secret.
+    #[arg(long, env = "PULSE_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// Secret that signs session tokens (at least 32 bytes). Required unless --dev.
+    #[arg(long, env = "PULSE_TOKEN_SECRET", hide_env_values = true)]
+    pub token_secret: Option<Secret>,
+
+    /// How long a session token stays valid.
+    #[arg(long, env = "PULSE_TOKEN_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub token_ttl: Duration,
+
+    /// Development mode: without PULSE_TOKEN_SECRET, a secret is generated and kept in the data dir.
+    #[arg(long, env = "PULSE_DEV")]
+    pub dev: bool,
+
+    /// Handles given the admin role at start-up (comma-separated).
+    #[arg(long, env = "PULSE_ADMINS", value_delimiter = ',')]
+    pub admins: Vec<String>,
+
+    /// Proxies (CIDRs, comma-separated) whose X-Forwarded-For is believed. Empty: never believed.
+    #[arg(long, env = "PULSE_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<IpNet>,
+
+    /// Log format.
+    #[arg(long, env = "PULSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Whether schema introspection (and so GraphiQL's docs) is served.
+    #[arg(long, env = "PULSE_INTROSPECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub introspection: bool,
+
+    /// Deepest selection nesting a query may have.
+    #[arg(long, env = "PULSE_MAX_QUERY_DEPTH", default_value_t = 15)]
+    pub max_query_depth: usize,
+
+    /// Largest complexity a query may have (each field 1, connections multiplied by their page size).
+    #[arg(long, env = "PULSE_MAX_QUERY_COMPLEXITY", default_value_t = 5000)]
+    pub max_query_complexity: usize,
+
+    /// Largest request body, in bytes.
+    #[arg(long, env = "PULSE_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Sign-in and sign-up attempts allowed per client IP per minute (0: unlimited).
+    #[arg(long, env = "PULSE_AUTH_ATTEMPTS_PER_MINUTE", default_value_t = 30)]
+    pub auth_attempts_per_minute: u32,
+
+    /// How long in-flight requests may take to finish after a shutdown signal.
+    #[arg(long, env = "PULSE_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+impl Config {
+    /// The configuration a process gets with no flags and no environment: what tests start from.
+    pub fn defaults() -> Self {
+        Cli::parse_from(["pulse"]).config
+    }
+
+    pub fn database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!(
+                "sqlite://{}?mode=rwc",
+                self.data_dir.join("pulse.sqlite").display()
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A secret string that never shows itself in Debug output or logs.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+/// A connection URL with its password replaced, fit for logs and error messages.
+pub fn redacted_url(url: &str) -> String {
+    let redacted = url.split_once("://").and_then(|(scheme, rest)| {
+        let (credentials, host) = rest.split_once('@')?;
+        let user = credentials.split(':').next().unwrap_or_default();
+        Some(format!("{scheme}://{user}:***@{host}"))
+    });
+    redacted.unwrap_or_else(|| url.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(
+            redacted_url("redis://:s3cret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            redacted_url("postgres://app:pw@db/pulse"),
+            "postgres://app:***@db/pulse"
+        );
+        assert_eq!(
+            redacted_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_debug_output() {
+        let mut config = Config::defaults();
+        config.token_secret = Some(Secret::new("hunter2-hunter2-hunter2-hunter2-x"));
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn defaults_match_the_documented_names() {
+        let config = Config::defaults();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.redis_prefix, "pulse:");
+        assert!(config.database_url().starts_with("sqlite://"));
+    }
+}

@@ -1,0 +1,5 @@
+//! sea-orm entities: the SQL tables, the system of record. Timestamps are stored as UTC without a
+//! zone (the one representation all three backends agree on) and converted at the edge.
+
+pub mod articles;
+pub mod users;

@@ -1,0 +1,110 @@
+//! The one error type of the request path, and how it shows to clients.
+//!
+//! Client mistakes carry their message to the client; failures of ours are logged once, here, with
+//! their detail, and reach the client only as a code and a generic message.
+
+use async_graphql::ErrorExtensions;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{message}")]
+    BadUserInput {
+        message: String,
+        /// The argument or input field at fault, when there is one.
+        field: Option<&'static str>,
+    },
+    #[error("too many attempts; retry in {retry_after_seconds} s")]
+    RateLimited { retry_after_seconds: u64 },
+    #[error("database error: {0}")]
+    Database(#[from] sea_orm::DbErr),
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type AppResult<T> = Result<T, AppError>;
+
+impl AppError {
+    pub fn bad_input(field: &'static str, message: impl Into<String>) -> Self {
+        Self::BadUserInput {
+            message: message.into(),
+            field: Some(field),
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated(_) => "UNAUTHENTICATED",
+            Self::Forbidden(_) => "FORBIDDEN",
+            Self::NotFound(_) => "NOT_FOUND",
+            Self::BadUserInput { .. } => "BAD_USER_INPUT",
+            Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::Database(err) if is_connection_error(err) => "UNAVAILABLE",
+            Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
+            Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
+        }
+    }
+
+    fn is_ours(&self) -> bool {
+        matches!(self, Self::Database(_) | Self::Redis(_) | Self::Internal(_))
+    }
+}
+
+fn is_connection_error(err: &sea_orm::DbErr) -> bool {
+    matches!(
+        err,
+        sea_orm::DbErr::Conn(_) | sea_orm::DbErr::ConnectionAcquire(_)
+    )
+}
+
+fn is_redis_unreachable(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+}
+
+impl ErrorExtensions for AppError {
+    fn extend(&self) -> async_graphql::Error {
+        let code = self.code();
+        let message = if self.is_ours() {
+            tracing::error!(error = %self, code, "request failed");
+            match code {
+                "UNAVAILABLE" => "a backing service is unavailable; retry shortly".to_owned(),
+                _ => "internal error".to_owned(),
+            }
+        } else {
+            self.to_string()
+        };
+        async_graphql::Error::new(message).extend_with(|_, ext| {
+            ext.set("code", code);
+            match self {
+                Self::BadUserInput {
+                    field: Some(field), ..
+                } => ext.set("field", *field),
+                Self::RateLimited {
+                    retry_after_seconds,
+                } => ext.set("retryAfterSeconds", *retry_after_seconds),
+                _ => {}
+            }
+        })
+    }
+}
+
+/// Lets resolvers write `service_call().await.gql()?`.
+pub trait GqlResultExt<T> {
+    fn gql(self) -> async_graphql::Result<T>;
+}
+
+impl<T> GqlResultExt<T> for AppResult<T> {
+    fn gql(self) -> async_graphql::Result<T> {
+        self.map_err(|err| err.extend())
+    }
+}

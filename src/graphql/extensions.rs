@@ -1,0 +1,128 @@
+//! Schema extensions: error codes on every error, and per-operation metrics.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use async_graphql::extensions::{
+    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextRequest, NextSubscribe,
+};
+use async_graphql::{Response, ServerError};
+use futures_util::StreamExt as _;
+use futures_util::stream::BoxStream;
+
+/// Errors raised by our resolvers carry a code already. Those without one come from async-graphql
+/// itself: a document that does not parse, does not validate, is too deep or too complex, or names
+/// an operation it does not contain. All of those are the client's to fix.
+pub struct ErrorCodes;
+
+const CLIENT_QUERY_ERROR: &str = "BAD_USER_INPUT";
+
+fn with_codes(mut response: Response) -> Response {
+    response.errors.iter_mut().for_each(ensure_code);
+    response
+}
+
+fn ensure_code(error: &mut ServerError) {
+    let extensions = error.extensions.get_or_insert_with(Default::default);
+    if extensions.get("code").is_none() {
+        extensions.set("code", CLIENT_QUERY_ERROR);
+    }
+}
+
+impl ExtensionFactory for ErrorCodes {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(ErrorCodes)
+    }
+}
+
+#[async_trait::async_trait]
+impl Extension for ErrorCodes {
+    async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
+        with_codes(next.run(ctx).await)
+    }
+
+    fn subscribe<'s>(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        stream: BoxStream<'s, Response>,
+        next: NextSubscribe<'_>,
+    ) -> BoxStream<'s, Response> {
+        next.run(ctx, stream).map(with_codes).boxed()
+    }
+}
+
+/// Distinct operation names kept as metric labels; names past this share the label `other`, so
+/// clients cannot grow the metrics without bound by inventing names.
+const MAX_OPERATION_LABELS: usize = 200;
+
+/// Request count and latency by operation name and outcome.
+#[derive(Default)]
+pub struct OperationMetrics {
+    labels: Arc<Mutex<HashSet<String>>>,
+}
+
+impl ExtensionFactory for OperationMetrics {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(OperationMetricsExtension {
+            labels: self.labels.clone(),
+            operation: Mutex::new(None),
+        })
+    }
+}
+
+struct OperationMetricsExtension {
+    labels: Arc<Mutex<HashSet<String>>>,
+    operation: Mutex<Option<String>>,
+}
+
+impl OperationMetricsExtension {
+    fn label_for(&self, name: Option<&str>) -> String {
+        let Some(name) = name else {
+            return "anonymous".to_owned();
+        };
+        let mut labels = self.labels.lock().expect("metrics lock poisoned");
+        if labels.contains(name)
+            || (labels.len() < MAX_OPERATION_LABELS && labels.insert(name.to_owned()))
+        {
+            name.to_owned()
+        } else {
+            "other".to_owned()
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Extension for OperationMetricsExtension {
+    async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
+        let started = Instant::now();
+        let response = next.run(ctx).await;
+        let operation = self
+            .operation
+            .lock()
+            .expect("metrics lock poisoned")
+            .take()
+            .unwrap_or_else(|| "invalid".to_owned());
+        let outcome = if response.errors.is_empty() {
+            "ok"
+        } else {
+            "error"
+        };
+        let labels = [("operation", operation), ("outcome", outcome.to_owned())];
+        metrics::counter!("pulse_graphql_requests_total", &labels).increment(1);
+        metrics::histogram!("pulse_graphql_request_duration_seconds", &labels)
+            .record(started.elapsed().as_secs_f64());
+        response
+    }
+
+    async fn execute(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        operation_name: Option<&str>,
+        next: NextExecute<'_>,
+    ) -> Response {
+        let label = self.label_for(operation_name);
+        *self.operation.lock().expect("metrics lock poisoned") = Some(label);
+        next.run(ctx, operation_name).await
+    }
+}

@@ -1,0 +1,23 @@
+//! The GraphQL surface: schema assembly, per-request context, ids, pagination and limits.
+
+pub mod context;
+pub mod extensions;
+pub mod ids;
+pub mod node;
+pub mod pagination;
+pub mod schema;
+
+use async_graphql::Context;
+
+pub use context::RequestContext;
+pub use schema::{PulseSchema, Services};
+
+/// The services the schema was built with.
+pub fn services<'a>(ctx: &Context<'a>) -> &'a Services {
+    ctx.data_unchecked::<Services>()
+}
+
+/// Who is asking, from where.
+pub fn request<'a>(ctx: &Context<'a>) -> &'a RequestContext {
+    ctx.data_unchecked::<RequestContext>()
+}

@@ -1,0 +1,89 @@
+use async_graphql::dataloader::DataLoader;
+use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
+
+use super::RequestContext;
+use super::extensions::{ErrorCodes, OperationMetrics};
+use super::node::NodeQuery;
+use crate::accounts::AccountService;
+use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
+use crate::accounts::loader::UserLoader;
+use crate::articles::ArticleService;
+use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
+use crate::articles::loader::ArticleLoader;
+
+#[derive(MergedObject, Default)]
+pub struct Query(NodeQuery, AccountsQuery, ArticlesQuery);
+
+#[derive(MergedObject, Default)]
+pub struct Mutation(AccountsMutation, ArticlesMutation);
+
+#[derive(MergedSubscription, Default)]
+pub struct Subscription(ArticlesSubscription);
+
+pub type PulseSchema = Schema<Query, Mutation, Subscription>;
+
+/// The service layer, shared by every request.
+#[derive(Clone)]
+pub struct Services {
+    pub accounts: AccountService,
+    pub articles: ArticleService,
+}
+
+impl Services {
+    /// Adds what one request (or one websocket connection) needs: who asks, and fresh loaders that
+    /// batch within it and cache nothing across requests.
+    pub fn attach_request_data(&self, data: &mut async_graphql::Data, context: RequestContext) {
+        data.insert(context);
+        data.insert(DataLoader::new(
+            UserLoader(self.accounts.clone()),
+            tokio::spawn,
+        ));
+        data.insert(DataLoader::new(
+            ArticleLoader(self.articles.clone()),
+            tokio::spawn,
+        ));
+    }
+}
+
+/// Limits every request is held to.
+#[derive(Clone, Copy, Debug)]
+pub struct QueryLimits {
+    pub max_depth: usize,
+    pub max_complexity: usize,
+    pub introspection: bool,
+}
+
+/// The schema's shape and limits, without data: what `print-schema` and the server share.
+pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscription> {
+    let builder = Schema::build(
+        Query::default(),
+        Mutation::default(),
+        Subscription::default(),
+    )
+    .limit_depth(limits.max_depth)
+    .limit_complexity(limits.max_complexity)
+    // Bounds the parser's recursion too, so a deeply nested document fails before it is walked.
+    .limit_recursive_depth(limits.max_depth.saturating_mul(2).max(32))
+    .limit_directives(16)
+    .extension(ErrorCodes)
+    .extension(OperationMetrics::default());
+    if limits.introspection {
+        builder
+    } else {
+        builder.disable_introspection()
+    }
+}
+
+pub fn build(limits: QueryLimits, services: Services) -> PulseSchema {
+    builder(limits).data(services).finish()
+}
+
+/// The schema in SDL, as checked in at `schema.graphql`.
+pub fn sdl() -> String {
+    let limits = QueryLimits {
+        max_depth: usize::MAX,
+        max_complexity: usize::MAX,
+        introspection: true,
+    };
+    builder(limits).finish().sdl()
+}

@@ -1,0 +1,188 @@
+use std::net::SocketAddr;
+
+use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, GraphiQLSource};
+use async_graphql::{Data, ErrorExtensions};
+use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use serde_json::json;
+
+use super::HttpState;
+use crate::error::AppError;
+use crate::graphql::RequestContext;
+
+pub async fn graphiql() -> Html<String> {
+    Html(
+        GraphiQLSource::build()
+            .title("Pulse GraphiQL")
+            .endpoint("/graphql")
+            .subscription_endpoint("/graphql/ws")
+            .finish(),
+    )
+}
+
+/// A transport-level failure, in the shape GraphQL clients already parse.
+fn transport_error(status: StatusCode, error: AppError) -> Response {
+    let error = error.extend();
+    let body = json!({ "errors": [{ "message": error.message, "extensions": error.extensions }] });
+    (status, axum::Json(body)).into_response()
+}
+
+/// The bearer token of an `Authorization` header, if any. A header that is present but malformed is
+/// an authentication failure, not anonymity.
+fn bearer(headers: &HeaderMap) -> Result<Option<&str>, AppError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| AppError::Unauthenticated("invalid token"))?;
+    match value.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(Some(token.trim()))
+        }
+        _ => Err(AppError::Unauthenticated(
+            "expected `Authorization: Bearer <token>`",
+        )),
+    }
+}
+
+fn request_context(
+    state: &HttpState,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    token: Option<&str>,
+) -> Result<RequestContext, AppError> {
+    let viewer = token.map(|token| state.tokens.verify(token)).transpose()?;
+    let user_agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|value| value.to_str().ok())
+        .map(|agent| agent.chars().take(512).collect());
+    Ok(RequestContext {
+        viewer,
+        client_ip: state.proxies.client_ip(peer, headers),
+        user_agent,
+    })
+}
+
+pub async fn execute(
+    State(state): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return transport_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                AppError::BadUserInput {
+                    message: format!("request body is larger than {} bytes", state.max_body_bytes),
+                    field: None,
+                },
+            );
+        }
+        Err(rejection) => {
+            let message = format!("cannot read the request body: {rejection}");
+            return transport_error(
+                rejection.status(),
+                AppError::BadUserInput {
+                    message,
+                    field: None,
+                },
+            );
+        }
+    };
+    let request = match serde_json::from_slice::<async_graphql::Request>(&body) {
+        Ok(request) => request,
+        Err(err) => {
+            let message = if body.first() == Some(&b'[') {
+                "batched requests are not supported; send one operation per request".to_owned()
+            } else {
+                format!("the body is not a GraphQL request in JSON: {err}")
+            };
+            return transport_error(
+                StatusCode::BAD_REQUEST,
+                AppError::BadUserInput {
+                    message,
+                    field: None,
+                },
+            );
+        }
+    };
+    let context =
+        match bearer(&headers).and_then(|token| request_context(&state, peer, &headers, token)) {
+            Ok(context) => context,
+            Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
+        };
+    let mut request = request;
+    state
+        .services
+        .attach_request_data(&mut request.data, context);
+    let response = state.schema.execute(request).await;
+    axum::Json(response).into_response()
+}
+
+/// The token a websocket client sends in its `connection_init` payload: `{"token": "…"}`, or the
+/// header style `{"Authorization": "Bearer …"}` that some clients use.
+fn init_payload_token(payload: &serde_json::Value) -> Result<Option<String>, AppError> {
+    if let Some(token) = payload.get("token").or_else(|| payload.get("authToken")) {
+        return token
+            .as_str()
+            .map(|token| Some(token.to_owned()))
+            .ok_or(AppError::Unauthenticated("invalid token"));
+    }
+    let header = payload
+        .get("Authorization")
+        .or_else(|| payload.get("authorization"));
+    let Some(header) = header else {
+        return Ok(None);
+    };
+    let header = header
+        .as_str()
+        .ok_or(AppError::Unauthenticated("invalid token"))?;
+    let mut headers = HeaderMap::new();
+    let value = header
+        .parse()
+        .map_err(|_| AppError::Unauthenticated("invalid token"))?;
+    headers.insert(header::AUTHORIZATION, value);
+    Ok(bearer(&headers)?.map(str::to_owned))
+}
+
+pub async fn websocket(
+    State(state): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    protocol: GraphQLProtocol,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let header_token = match bearer(&headers) {
+        Ok(token) => token.map(str::to_owned),
+        Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
+    };
+    upgrade
+        .protocols(ALL_WEBSOCKET_PROTOCOLS)
+        .on_upgrade(move |socket| async move {
+            let schema = state.schema.clone();
+            GraphQLWebSocket::new(socket, schema, protocol)
+                .on_connection_init(move |payload| async move {
+                    let token = match init_payload_token(&payload).map_err(|err| err.extend())? {
+                        Some(token) => Some(token),
+                        None => header_token,
+                    };
+                    let context = request_context(&state, peer, &headers, token.as_deref())
+                        .map_err(|err| err.extend())?;
+                    let mut data = Data::default();
+                    state.services.attach_request_data(&mut data, context);
+                    Ok(data)
+                })
+                .serve()
+                .await
+        })
+}

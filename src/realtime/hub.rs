@@ -1,0 +1,225 @@
+//! One pub/sub connection per process, however many GraphQL subscriptions are open.
+//!
+//! Channels are reference-counted by local subscribers: the first subscriber of a channel makes the
+//! connection SUBSCRIBE, the last one to leave makes it UNSUBSCRIBE. Messages fan out to local
+//! subscribers through a tokio broadcast channel. When the connection drops, it is re-established
+//! with backoff and every channel still wanted is subscribed again.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Messages a slow subscriber may fall behind by before it skips ahead (and is told so in the logs).
+const SUBSCRIBER_BUFFER: usize = 256;
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+
+pub type Payload = Arc<[u8]>;
+
+#[derive(Clone)]
+pub struct Hub {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    channels: Mutex<HashMap<String, ChannelState>>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+struct ChannelState {
+    sender: broadcast::Sender<Payload>,
+    subscribers: usize,
+}
+
+enum Command {
+    Subscribe(String),
+    Unsubscribe(String),
+}
+
+impl Hub {
+    /// Starts the connection task; it stops when `shutdown` is cancelled.
+    pub fn start(client: redis::Client, shutdown: CancellationToken, tasks: &TaskTracker) -> Self {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            channels: Mutex::new(HashMap::new()),
+            commands,
+        });
+        tasks.spawn(run_connection(
+            client,
+            Arc::downgrade(&inner),
+            receiver,
+            shutdown,
+        ));
+        Self { inner }
+    }
+
+    /// Messages published on `channel` from now on, until the returned stream is dropped.
+    pub fn subscribe(&self, channel: String) -> HubSubscription {
+        let mut channels = self.inner.channels.lock().expect("hub lock poisoned");
+        let state = channels
+            .entry(channel.clone())
+            .or_insert_with(|| ChannelState {
+                sender: broadcast::channel(SUBSCRIBER_BUFFER).0,
+                subscribers: 0,
+            });
+        state.subscribers += 1;
+        let receiver = state.sender.subscribe();
+        if state.subscribers == 1 {
+            // Sent under the lock, so the connection task sees subscribe/unsubscribe in the order the
+            // reference counts changed.
+            let _ = self
+                .inner
+                .commands
+                .send(Command::Subscribe(channel.clone()));
+        }
+        HubSubscription {
+            messages: BroadcastStream::new(receiver),
+            _membership: Membership {
+                inner: self.inner.clone(),
+                channel,
+            },
+        }
+    }
+
+    /// How many local subscribers `channel` has (for tests and metrics).
+    pub fn local_subscribers(&self, channel: &str) -> usize {
+        let channels = self.inner.channels.lock().expect("hub lock poisoned");
+        channels.get(channel).map_or(0, |state| state.subscribers)
+    }
+}
+
+/// A stream of one channel's payloads. Dropping it releases the channel.
+pub struct HubSubscription {
+    messages: BroadcastStream<Payload>,
+    _membership: Membership,
+}
+
+impl Stream for HubSubscription {
+    type Item = Payload;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Payload>> {
+        loop {
+            match self.messages.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(payload))) => return Poll::Ready(Some(payload)),
+                Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(skipped)))) => {
+                    tracing::warn!(
+                        skipped,
+                        "a realtime subscriber fell behind and skipped messages"
+                    );
+                }
+                other => return other.map(|_| None),
+            }
+        }
+    }
+}
+
+struct Membership {
+    inner: Arc<Inner>,
+    channel: String,
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        let Ok(mut channels) = self.inner.channels.lock() else {
+            return;
+        };
+        let Some(state) = channels.get_mut(&self.channel) else {
+            return;
+        };
+        state.subscribers -= 1;
+        if state.subscribers == 0 {
+            channels.remove(&self.channel);
+            let _ = self
+                .inner
+                .commands
+                .send(Command::Unsubscribe(self.channel.clone()));
+        }
+    }
+}
+
+async fn run_connection(
+    client: redis::Client,
+    hub: std::sync::Weak<Inner>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    shutdown: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let connected = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            connected = client.get_async_pubsub() => connected,
+        };
+        match connected {
+            Ok(pubsub) => {
+                delay = Duration::from_millis(100);
+                let ended = serve_connection(pubsub, &hub, &mut commands, &shutdown).await;
+                match ended {
+                    Ended::Shutdown => return,
+                    Ended::ConnectionLost => {
+                        tracing::warn!("realtime pub/sub connection lost; reconnecting")
+                    }
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "realtime pub/sub cannot connect; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+    }
+}
+
+enum Ended {
+    Shutdown,
+    ConnectionLost,
+}
+
+async fn serve_connection(
+    pubsub: redis::aio::PubSub,
+    hub: &std::sync::Weak<Inner>,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    shutdown: &CancellationToken,
+) -> Ended {
+    let (mut sink, mut messages) = pubsub.split();
+    let Some(wanted) = hub.upgrade().map(|inner| {
+        let channels = inner.channels.lock().expect("hub lock poisoned");
+        channels.keys().cloned().collect::<Vec<_>>()
+    }) else {
+        return Ended::Shutdown;
+    };
+    if !wanted.is_empty() && sink.subscribe(&wanted).await.is_err() {
+        return Ended::ConnectionLost;
+    }
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ended::Shutdown,
+            command = commands.recv() => {
+                let sent = match command {
+                    None => return Ended::Shutdown,
+                    Some(Command::Subscribe(channel)) => sink.subscribe(channel).await,
+                    Some(Command::Unsubscribe(channel)) => sink.unsubscribe(channel).await,
+                };
+                if sent.is_err() {
+                    return Ended::ConnectionLost;
+                }
+            }
+            message = messages.next() => {
+                let Some(message) = message else { return Ended::ConnectionLost };
+                let Some(inner) = hub.upgrade() else { return Ended::Shutdown };
+                let channels = inner.channels.lock().expect("hub lock poisoned");
+                if let Some(state) = channels.get(message.get_channel_name()) {
+                    let _ = state.sender.send(Payload::from(message.get_payload_bytes()));
+                }
+            }
+        }
+    }
+}

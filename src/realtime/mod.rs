@@ -1,0 +1,9 @@
+//! Realtime fan-out through Redis pub/sub, shared per process.
+//!
+//! Nothing here is durable: a message published while no process listens is gone, and subscribers
+//! see only what is published after they subscribed. Everything sent is derivable from SQL/Redis
+//! state, so a client that reconnects re-reads and loses nothing that matters.
+
+mod hub;
+
+pub use hub::{Hub, HubSubscription};

@@ -1,0 +1,56 @@
+//! Redis access: one multiplexed, self-reconnecting connection per process, the key builder and the
+//! script registry. Services take what they need from [`Redis`]; nothing else opens connections,
+//! except the realtime hub's dedicated pub/sub connection.
+
+pub mod embedded;
+pub mod keys;
+pub mod scripts;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::config::redacted_url;
+
+pub use keys::Keys;
+pub use scripts::Scripts;
+
+#[derive(Clone)]
+pub struct Redis {
+    pub client: redis::Client,
+    pub conn: ConnectionManager,
+    pub keys: Keys,
+    pub scripts: Arc<Scripts>,
+}
+
+impl Redis {
+    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let client = redis::Client::open(url).context("invalid REDIS_URL")?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_secs(2));
+        let mut conn = ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .with_context(|| format!("cannot connect to Redis at {}", redacted_url(url)))?;
+        let scripts = Scripts::load();
+        scripts
+            .preload(&mut conn)
+            .await
+            .context("cannot load Lua scripts into Redis")?;
+        Ok(Self {
+            client,
+            conn,
+            keys: Keys::new(prefix),
+            scripts: Arc::new(scripts),
+        })
+    }
+
+    pub async fn ping(&self) -> redis::RedisResult<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING").query_async::<()>(&mut conn).await
+    }
+}
