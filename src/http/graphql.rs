@@ -100,6 +100,16 @@ pub async fn execute(
         }
     };
     let request = match serde_json::from_slice::<async_graphql::Request>(&body) {
+        Ok(request) if request.query.trim().is_empty() => {
+            let message = "the request has no `query`".to_owned();
+            return transport_error(
+                StatusCode::BAD_REQUEST,
+                AppError::BadUserInput {
+                    message,
+                    field: None,
+                },
+            );
+        }
         Ok(request) => request,
         Err(err) => {
             let message = if body.first() == Some(&b'[') {

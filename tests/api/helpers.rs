@@ -1,0 +1,200 @@
+//! Test harness: every test gets the real app on port 0 with its own database and Redis prefix.
+//!
+//! The SQL backend comes from `PULSE_TEST_DATABASE` (`sqlite`, the default; `postgres`; `mysql`), so
+//! the same suite runs on all three.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pulse::app::AppState;
+use pulse::config::{Config, Secret};
+use sea_orm::{ConnectionTrait, Database};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub const PASSWORD: &str = "correct horse battery";
+
+pub fn redis_url() -> String {
+    std::env::var("PULSE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn unique_suffix() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// A fresh, empty database on the backend under test.
+pub async fn fresh_database_url(data_dir: &std::path::Path) -> String {
+    let backend = std::env::var("PULSE_TEST_DATABASE").unwrap_or_else(|_| "sqlite".into());
+    let name = format!("pulse_t_{}", unique_suffix());
+    let admin_url = match backend.as_str() {
+        "sqlite" => {
+            return format!(
+                "sqlite://{}?mode=rwc",
+                data_dir.join("pulse.sqlite").display()
+            );
+        }
+        "postgres" => std::env::var("PULSE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        "mysql" => std::env::var("PULSE_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+        other => panic!("PULSE_TEST_DATABASE={other}: expected sqlite, postgres or mysql"),
+    };
+    let admin = Database::connect(&admin_url)
+        .await
+        .expect("the test database server answers");
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create database");
+    admin.close().await.ok();
+    let (base, _) = admin_url
+        .rsplit_once('/')
+        .expect("the admin URL names a database");
+    format!("{base}/{name}")
+}
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub state: AppState,
+    pub config: Config,
+    pub http: reqwest::Client,
+    stop: CancellationToken,
+    server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestApp {
+    pub async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    pub async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> Self {
+        let data_dir = std::env::temp_dir().join(format!("pulse-test-{}", unique_suffix()));
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let mut config = Config::defaults();
+        config.database_url = Some(fresh_database_url(&data_dir).await);
+        config.redis_url = Some(redis_url());
+        config.redis_prefix = format!("pulse-test:{}:", unique_suffix());
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.data_dir = data_dir;
+        config.token_secret = Some(Secret::new(format!(
+            "test-secret-{}-padding-padding",
+            unique_suffix()
+        )));
+        config.auth_attempts_per_minute = 0;
+        config.shutdown_grace = Duration::from_secs(5);
+        adjust(&mut config);
+        Self::start(config).await
+    }
+
+    /// Starts an app on `config` as it is (a restart reuses the same database and prefix).
+    pub async fn start(config: Config) -> Self {
+        let app = pulse::App::build(config.clone())
+            .await
+            .expect("the app builds");
+        let addr = app.local_addr();
+        let state = app.state().clone();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(app.run_until(stop.clone().cancelled_owned()));
+        Self {
+            addr,
+            state,
+            config,
+            http: reqwest::Client::new(),
+            stop,
+            server: Some(server),
+        }
+    }
+
+    /// Stops the server and waits for its orderly shutdown.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        let server = self.server.take().expect("stopped once");
+        tokio::time::timeout(Duration::from_secs(30), server)
+            .await
+            .expect("shutdown is prompt")?
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn post_raw(
+        &self,
+        body: impl Into<reqwest::Body>,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .post(self.url("/graphql"))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON body"))
+    }
+
+    /// Runs a GraphQL operation and returns the whole response body.
+    pub async fn graphql(&self, query: &str, variables: Value) -> Value {
+        self.graphql_as(None, query, variables).await
+    }
+
+    pub async fn graphql_as(&self, token: Option<&str>, query: &str, variables: Value) -> Value {
+        let body = json!({ "query": query, "variables": variables }).to_string();
+        self.post_raw(body, token).await.1
+    }
+
+    /// Signs a new user up; returns its token and global id.
+    pub async fn sign_up(&self, handle: &str) -> (String, String) {
+        let response = self
+            .graphql(
+                "mutation($h: String!, $p: String!) { signUp(handle: $h, password: $p) { token user { id } } }",
+                json!({ "h": handle, "p": PASSWORD }),
+            )
+            .await;
+        let payload = &response["data"]["signUp"];
+        assert!(payload.is_object(), "sign-up failed: {response}");
+        (
+            payload["token"].as_str().unwrap().to_owned(),
+            payload["user"]["id"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// Publishes an article as `token`; returns its global id.
+    pub async fn publish(&self, token: &str, title: &str) -> String {
+        let response = self
+            .graphql_as(
+                Some(token),
+                "mutation($t: String!) { publishArticle(input: { title: $t, body: \"body\" }) { id } }",
+                json!({ "t": title }),
+            )
+            .await;
+        response["data"]["publishArticle"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("publish failed: {response}"))
+            .to_owned()
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        let row = self
+            .state
+            .db
+            .query_one_raw(sea_orm::Statement::from_string(
+                self.state.db.get_database_backend(),
+                format!("SELECT COUNT(*) AS n FROM {table}"),
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get::<i64>("", "n").unwrap()
+    }
+}
+
+/// The `extensions.code` of a response's first error.
+pub fn error_code(response: &Value) -> &str {
+    response["errors"][0]["extensions"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("expected an error with a code: {response}"))
+}

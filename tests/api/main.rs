@@ -1,0 +1,8 @@
+//! Integration tests: the real server over HTTP and websockets, real Redis, real SQL.
+
+mod accounts;
+mod articles;
+mod helpers;
+mod limits;
+mod ops;
+mod subscriptions;

@@ -1,0 +1,109 @@
+use serde_json::json;
+
+use crate::helpers::TestApp;
+
+#[tokio::test]
+async fn health_and_readiness_answer() {
+    let app = TestApp::spawn().await;
+    let health = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({ "status": "ready", "sql": "ok", "redis": "ok" })
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_requests_by_operation_name() {
+    let app = TestApp::spawn().await;
+    let body =
+        json!({ "query": "query LatestArticlesForMetrics { articles { edges { cursor } } }" })
+            .to_string();
+    app.post_raw(body, None).await;
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = metrics
+        .lines()
+        .find(|line| {
+            line.starts_with("pulse_graphql_requests_total")
+                && line.contains("operation=\"LatestArticlesForMetrics\"")
+                && line.contains("outcome=\"ok\"")
+        })
+        .unwrap_or_else(|| panic!("no request counter for the operation in:\n{metrics}"));
+    let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count >= 1.0);
+    assert!(metrics.contains("pulse_graphql_request_duration_seconds_bucket"));
+}
+
+#[tokio::test]
+async fn graphiql_is_served_wired_for_subscriptions() {
+    let app = TestApp::spawn().await;
+    let page = app.http.get(app.url("/graphql")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("graphiql"), "not GraphiQL");
+    assert!(html.contains("/graphql/ws"), "subscriptions are not wired");
+}
+
+#[tokio::test]
+async fn shutdown_is_orderly() {
+    let app = TestApp::spawn().await;
+    let addr = app.addr;
+    app.stop().await.expect("a clean shutdown");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "still accepting after shutdown"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_redis_server_binary_is_explained() {
+    let dir = std::env::temp_dir().join(format!("pulse-no-redis-{}", rand::random::<u32>()));
+    let missing = std::path::Path::new("/nonexistent/redis-server");
+    let err = pulse::redis::embedded::start_private(missing, &dir)
+        .await
+        .err()
+        .expect("it cannot start");
+    let message = err.to_string();
+    assert!(
+        message.contains("REDIS_URL") && message.contains("install"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_private_redis_server_starts_and_stops() {
+    let dir = std::env::temp_dir().join(format!("pulse-private-redis-{}", rand::random::<u32>()));
+    let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
+        .await
+        .expect("redis-server is installed on test machines");
+    let client = redis::Client::open(private.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SET")
+        .arg("k")
+        .arg("v")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let address = private.url().trim_start_matches("redis://").to_owned();
+
+    private.stop().await;
+    assert!(
+        tokio::net::TcpStream::connect(address).await.is_err(),
+        "the private redis is still up"
+    );
+    assert!(
+        dir.join("appendonlydir").exists() || dir.join("dump.rdb").exists(),
+        "nothing persisted in the data dir"
+    );
+}

@@ -1,0 +1,203 @@
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::helpers::TestApp;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
+    let mut request = format!("ws://{}/graphql/ws", app.addr)
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol.parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("websocket upgrade");
+    send(
+        &mut socket,
+        json!({ "type": "connection_init", "payload": init_payload }),
+    )
+    .await;
+    socket
+}
+
+async fn send(socket: &mut Socket, message: Value) {
+    socket
+        .send(Message::Text(message.to_string().into()))
+        .await
+        .unwrap();
+}
+
+/// The next JSON message that is not a keep-alive, or None when the server closes the socket.
+async fn next_message(socket: &mut Socket) -> Option<Value> {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("a message within 10 s")?;
+        match message.ok()? {
+            Message::Text(text) => {
+                let value: Value = serde_json::from_str(&text).unwrap();
+                if value["type"] != "ka" && value["type"] != "ping" {
+                    return Some(value);
+                }
+            }
+            Message::Close(_) => return None,
+            _ => {}
+        }
+    }
+}
+
+/// Waits until this app's Redis subscription for new articles is in place, so a publish is seen.
+async fn wait_until_listening(app: &TestApp) {
+    let channel = app.state.redis.keys.articles_published_channel();
+    let mut conn = app.state.redis.conn.clone();
+    for _ in 0..200 {
+        let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async::<Vec<(String, i64)>>(&mut conn)
+            .await
+            .unwrap()
+            .remove(0);
+        if subscribers > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the subscription never reached Redis");
+}
+
+const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
+
+#[tokio::test]
+async fn new_articles_arrive_over_graphql_transport_ws() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("uma").await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": token })).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
+    )
+    .await;
+    wait_until_listening(&app).await;
+
+    app.publish(&token, "live one").await;
+    let message = next_message(&mut socket).await.unwrap();
+    assert_eq!(message["type"], "next", "{message}");
+    assert_eq!(message["id"], "1");
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"],
+        "live one"
+    );
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["author"]["handle"],
+        "uma"
+    );
+}
+
+#[tokio::test]
+async fn new_articles_arrive_over_the_legacy_graphql_ws_protocol() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("vic").await;
+    let mut socket = connect(
+        &app,
+        "graphql-ws",
+        json!({ "Authorization": format!("Bearer {token}") }),
+    )
+    .await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    send(
+        &mut socket,
+        json!({ "id": "7", "type": "start", "payload": { "query": SUBSCRIPTION } }),
+    )
+    .await;
+    wait_until_listening(&app).await;
+
+    app.publish(&token, "legacy").await;
+    let message = next_message(&mut socket).await.unwrap();
+    assert_eq!(message["type"], "data", "{message}");
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"],
+        "legacy"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_token_in_connection_init_is_refused() {
+    let app = TestApp::spawn().await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": "forged" })).await;
+    let answer = next_message(&mut socket).await;
+    assert!(
+        answer.is_none_or(|message| message["type"] != "connection_ack"),
+        "a forged token was accepted"
+    );
+}
+
+#[tokio::test]
+async fn subscribers_of_one_process_share_one_redis_subscription() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("wes").await;
+    let mut sockets = Vec::new();
+    for _ in 0..5 {
+        let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;
+        assert_eq!(
+            next_message(&mut socket).await.unwrap()["type"],
+            "connection_ack"
+        );
+        send(
+            &mut socket,
+            json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
+        )
+        .await;
+        sockets.push(socket);
+    }
+    wait_until_listening(&app).await;
+    let channel = app.state.redis.keys.articles_published_channel();
+    for _ in 0..200 {
+        if app.state.hub.local_subscribers(&channel) == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(app.state.hub.local_subscribers(&channel), 5);
+
+    app.publish(&token, "to everyone").await;
+    for socket in &mut sockets {
+        let message = next_message(socket).await.unwrap();
+        assert_eq!(
+            message["payload"]["data"]["articlePublished"]["title"],
+            "to everyone"
+        );
+    }
+    let mut conn = app.state.redis.conn.clone();
+    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(&channel)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(counts[0].1, 1, "one Redis subscription per process");
+
+    drop(sockets);
+    for _ in 0..200 {
+        if app.state.hub.local_subscribers(&channel) == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("closed subscriptions were not released");
+}
