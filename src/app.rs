@@ -21,6 +21,8 @@ use crate::http::{HttpState, TrustedProxies};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::redis::embedded::{self, RedisLocation};
+use crate::views::crawler::CrawlerDetector;
+use crate::views::{ViewFlusher, ViewService};
 
 /// What tests and commands may reach into once the app is built.
 #[derive(Clone)]
@@ -99,7 +101,16 @@ impl App {
                 config.auth_attempts_per_minute,
             ),
             articles: ArticleService::new(db.clone(), redis.clone(), hub.clone()),
+            views: ViewService::new(
+                db.clone(),
+                redis.clone(),
+                Arc::new(crawler_detector(&config)?),
+                config.view_window,
+                config.timezone,
+            ),
         };
+        let flusher = ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease);
+        tasks.spawn(flusher.run(config.view_flush_interval, shutdown.clone()));
         for handle in config
             .admins
             .iter()
@@ -205,6 +216,21 @@ impl App {
         tracing::info!("pulse stopped");
         Ok(())
     }
+}
+
+/// The shipped crawler list plus the patterns of `PULSE_CRAWLER_PATTERNS_FILE`, if set.
+fn crawler_detector(config: &Config) -> anyhow::Result<CrawlerDetector> {
+    let extra = match &config.crawler_patterns_file {
+        None => Vec::new(),
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the crawler patterns file {}", path.display()))?
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(str::to_owned)
+            .collect(),
+    };
+    CrawlerDetector::new(&extra)
 }
 
 async fn shutdown_signal() {

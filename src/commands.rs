@@ -3,7 +3,7 @@
 use sea_orm::{ActiveModelTrait, ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter};
 
 use crate::app::Backends;
-use crate::config::{AdminAction, Command, Config};
+use crate::config::{AdminAction, Command, Config, RebuildTarget};
 use crate::entities::{articles, users};
 
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
@@ -18,6 +18,9 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         }
         Command::SeedDemo => seed_demo(&backends).await,
         Command::Admin { action } => admin(&backends, action).await,
+        Command::Rebuild {
+            target: RebuildTarget::Views,
+        } => rebuild_views(&config, &backends).await,
         Command::Serve | Command::PrintSchema => unreachable!("handled by main"),
     };
     backends.close().await;
@@ -81,6 +84,19 @@ async fn seed_demo(backends: &Backends) -> anyhow::Result<()> {
         "demo users {} (password `{DEMO_PASSWORD}`; alice is an admin) with three articles each",
         DEMO_HANDLES.join(", ")
     );
+    Ok(())
+}
+
+async fn rebuild_views(config: &Config, backends: &Backends) -> anyhow::Result<()> {
+    let views = crate::views::ViewService::new(
+        backends.db.clone(),
+        backends.redis.clone(),
+        std::sync::Arc::new(crate::views::crawler::CrawlerDetector::new(&[])?),
+        config.view_window,
+        config.timezone,
+    );
+    let articles = views.rebuild().await?;
+    println!("rebuilt view counts and the all-time view ranking of {articles} articles");
     Ok(())
 }
 

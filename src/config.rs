@@ -31,11 +31,22 @@ pub enum Command {
     PrintSchema,
     /// Create demo users and articles (idempotent).
     SeedDemo,
+    /// Recompute Redis state from SQL.
+    Rebuild {
+        #[command(subcommand)]
+        target: RebuildTarget,
+    },
     /// Administrative actions.
     Admin {
         #[command(subcommand)]
         action: AdminAction,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RebuildTarget {
+    /// View counts and the all-time view ranking, from `articles.view_count` plus pending views.
+    Views,
 }
 
 #[derive(Debug, Subcommand)]
@@ -49,75 +60,136 @@ pub enum AdminAction {
 #[derive(Debug, Clone, Args)]
 pub struct Config {
     /// SQL database URL: sqlite://, postgres:// or mysql://. Default: a SQLite file in the data dir.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
 
     /// Redis URL. Unset: use 127.0.0.1:6379 when it answers, else start a private redis-server.
-    #[arg(long, env = "REDIS_URL")]
+    #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,
 
     /// Prefix of every Redis key, so several deployments (or tests) can share one Redis.
-    #[arg(long, env = "PULSE_REDIS_PREFIX", default_value = "pulse:")]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_REDIS_PREFIX",
+        default_value = "pulse:"
+    )]
     pub redis_prefix: String,
 
     /// The redis-server binary started when no Redis is configured or reachable.
-    #[arg(long, env = "PULSE_REDIS_SERVER", default_value = "redis-server")]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_REDIS_SERVER",
+        default_value = "redis-server"
+    )]
     pub redis_server: PathBuf,
 
     /// Address the HTTP server listens on.
-    #[arg(long, env = "PULSE_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_LISTEN",
+        default_value = "127.0.0.1:8080"
+    )]
     pub listen: SocketAddr,
 
     /// Directory for the embedded SQLite file, the private Redis's data and the dev token secret.
-    #[arg(long, env = "PULSE_DATA_DIR", default_value = "./data")]
+    #[arg(long, global = true, env = "PULSE_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
     /// Secret that signs session tokens (at least 32 bytes). Required unless --dev.
-    #[arg(long, env = "PULSE_TOKEN_SECRET", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_TOKEN_SECRET",
+        hide_env_values = true
+    )]
     pub token_secret: Option<Secret>,
 
     /// How long a session token stays valid.
-    #[arg(long, env = "PULSE_TOKEN_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, env = "PULSE_TOKEN_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
     pub token_ttl: Duration,
 
     /// Development mode: without PULSE_TOKEN_SECRET, a secret is generated and kept in the data dir.
-    #[arg(long, env = "PULSE_DEV")]
+    #[arg(long, global = true, env = "PULSE_DEV")]
     pub dev: bool,
 
     /// Handles given the admin role at start-up (comma-separated).
-    #[arg(long, env = "PULSE_ADMINS", value_delimiter = ',')]
+    #[arg(long, global = true, env = "PULSE_ADMINS", value_delimiter = ',')]
     pub admins: Vec<String>,
 
     /// Proxies (CIDRs, comma-separated) whose X-Forwarded-For is believed. Empty: never believed.
-    #[arg(long, env = "PULSE_TRUSTED_PROXIES", value_delimiter = ',')]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
     pub trusted_proxies: Vec<IpNet>,
 
     /// Log format.
-    #[arg(long, env = "PULSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, env = "PULSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
     /// Whether schema introspection (and so GraphiQL's docs) is served.
-    #[arg(long, env = "PULSE_INTROSPECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, global = true, env = "PULSE_INTROSPECTION", default_value_t = true, action = clap::ArgAction::Set)]
     pub introspection: bool,
 
     /// Deepest selection nesting a query may have.
-    #[arg(long, env = "PULSE_MAX_QUERY_DEPTH", default_value_t = 15)]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_MAX_QUERY_DEPTH",
+        default_value_t = 15
+    )]
     pub max_query_depth: usize,
 
     /// Largest complexity a query may have (each field 1, connections multiplied by their page size).
-    #[arg(long, env = "PULSE_MAX_QUERY_COMPLEXITY", default_value_t = 5000)]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_MAX_QUERY_COMPLEXITY",
+        default_value_t = 5000
+    )]
     pub max_query_complexity: usize,
 
     /// Largest request body, in bytes.
-    #[arg(long, env = "PULSE_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
+    #[arg(long, global = true, env = "PULSE_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
     pub max_body_bytes: usize,
 
     /// Sign-in and sign-up attempts allowed per client IP per minute (0: unlimited).
-    #[arg(long, env = "PULSE_AUTH_ATTEMPTS_PER_MINUTE", default_value_t = 30)]
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_AUTH_ATTEMPTS_PER_MINUTE",
+        default_value_t = 30
+    )]
     pub auth_attempts_per_minute: u32,
 
+    /// A viewer's repeat views of one article within this window count once.
+    #[arg(long, global = true, env = "PULSE_VIEW_WINDOW", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub view_window: Duration,
+
+    /// How often pending view counts are moved from Redis to SQL.
+    #[arg(long, global = true, env = "PULSE_VIEW_FLUSH_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub view_flush_interval: Duration,
+
+    /// How long a flusher owns a batch it took; a batch left by a dead flusher is re-driven after it.
+    #[arg(long, global = true, env = "PULSE_VIEW_FLUSH_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub view_flush_lease: Duration,
+
+    /// IANA time zone whose days and ISO weeks bound the DAY and WEEK rankings.
+    #[arg(long, global = true, env = "PULSE_TIMEZONE", default_value = "UTC")]
+    pub timezone: chrono_tz::Tz,
+
+    /// A file of extra crawler User-Agent patterns (one regex per line, `#` comments), added to the
+    /// shipped list.
+    #[arg(long, global = true, env = "PULSE_CRAWLER_PATTERNS_FILE")]
+    pub crawler_patterns_file: Option<PathBuf>,
+
     /// How long in-flight requests may take to finish after a shutdown signal.
-    #[arg(long, env = "PULSE_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, env = "PULSE_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
 }
 

@@ -4,6 +4,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261121_000001_create_users;
 mod m20261121_000002_create_articles;
+mod m20261121_000003_create_view_flush_batches;
 
 pub struct Migrator;
 
@@ -13,6 +14,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261121_000001_create_users::Migration),
             Box::new(m20261121_000002_create_articles::Migration),
+            Box::new(m20261121_000003_create_view_flush_batches::Migration),
         ]
     }
 }

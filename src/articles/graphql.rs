@@ -56,14 +56,29 @@ impl Article {
         self.0.updated_at.and_utc()
     }
 
-    /// Views counted so far.
-    async fn view_count(&self) -> i64 {
-        self.0.view_count
+    /// Views counted so far, including those not yet flushed to SQL.
+    async fn view_count(&self, ctx: &Context<'_>) -> async_graphql::Result<i64> {
+        crate::views::graphql::view_count(ctx, &self.0).await
     }
 
     async fn like_count(&self) -> i64 {
         self.0.like_count
     }
+}
+
+/// Loads many articles in one batch.
+pub async fn load_articles(
+    ctx: &Context<'_>,
+    ids: impl IntoIterator<Item = i64>,
+) -> async_graphql::Result<std::collections::HashMap<i64, Article>> {
+    let loaded = ctx
+        .data_unchecked::<DataLoader<ArticleLoader>>()
+        .load_many(ids)
+        .await?;
+    Ok(loaded
+        .into_iter()
+        .map(|(id, article)| (id, Article(article)))
+        .collect())
 }
 
 /// Loads an article through the request's batching loader.

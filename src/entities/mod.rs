@@ -3,3 +3,4 @@
 
 pub mod articles;
 pub mod users;
+pub mod view_flush_batches;

@@ -10,12 +10,15 @@ use crate::accounts::loader::UserLoader;
 use crate::articles::ArticleService;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
 use crate::articles::loader::ArticleLoader;
+use crate::views::ViewService;
+use crate::views::graphql::{ViewsMutation, ViewsQuery};
+use crate::views::loader::ViewCountLoader;
 
 #[derive(MergedObject, Default)]
-pub struct Query(NodeQuery, AccountsQuery, ArticlesQuery);
+pub struct Query(NodeQuery, AccountsQuery, ArticlesQuery, ViewsQuery);
 
 #[derive(MergedObject, Default)]
-pub struct Mutation(AccountsMutation, ArticlesMutation);
+pub struct Mutation(AccountsMutation, ArticlesMutation, ViewsMutation);
 
 #[derive(MergedSubscription, Default)]
 pub struct Subscription(ArticlesSubscription);
@@ -27,6 +30,7 @@ pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 pub struct Services {
     pub accounts: AccountService,
     pub articles: ArticleService,
+    pub views: ViewService,
 }
 
 impl Services {
@@ -40,6 +44,10 @@ impl Services {
         ));
         data.insert(DataLoader::new(
             ArticleLoader(self.articles.clone()),
+            tokio::spawn,
+        ));
+        data.insert(DataLoader::new(
+            ViewCountLoader(self.views.clone()),
             tokio::spawn,
         ));
     }

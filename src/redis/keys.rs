@@ -27,9 +27,83 @@ impl Keys {
         format!("{}ratelimit:auth:{{ip:{client}}}", self.prefix)
     }
 
+    /// The keys of article `article`'s view-count shard. See [`ViewShardKeys`].
+    pub fn view_shard(&self, article: i64) -> ViewShardKeys<'_> {
+        self.view_shard_by_index(view_shard_of(article))
+    }
+
+    pub fn view_shard_by_index(&self, shard: u32) -> ViewShardKeys<'_> {
+        ViewShardKeys { keys: self, shard }
+    }
+
     /// Pub/sub channel announcing newly published articles.
     pub fn articles_published_channel(&self) -> String {
         format!("{}events:articles:published", self.prefix)
+    }
+}
+
+/// View counting spreads articles over this many shards. Every key of one shard shares the hash tag
+/// `{v:N}`, so the one script that counts a view (dedup key, pending delta, rankings) is single-slot
+/// on Redis Cluster while the load still spreads over slots. Changing it strands existing keys.
+pub const VIEW_SHARDS: u32 = 16;
+
+pub fn view_shard_of(article: i64) -> u32 {
+    article.rem_euclid(i64::from(VIEW_SHARDS)) as u32
+}
+
+/// Who a view is deduplicated by: a signed-in user, else the client's address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Viewer {
+    User(i64),
+    Address(IpAddr),
+}
+
+pub struct ViewShardKeys<'a> {
+    keys: &'a Keys,
+    shard: u32,
+}
+
+impl ViewShardKeys<'_> {
+    fn key(&self, name: &str) -> String {
+        format!("{}view:{name}:{{v:{}}}", self.keys.prefix, self.shard)
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// Marks that `viewer` has been counted for `article` within the window (expires with it).
+    /// Kept short on purpose: there is one per viewer per article per window.
+    pub fn seen(&self, article: i64, viewer: Viewer) -> String {
+        match viewer {
+            Viewer::User(user) => format!("{}:{article}:u{user}", self.key("seen")),
+            Viewer::Address(ip) => format!("{}:{article}:{ip}", self.key("seen")),
+        }
+    }
+
+    /// Hash article → `view_count` as SQL had it at the last flush (or first read).
+    pub fn base(&self) -> String {
+        self.key("base")
+    }
+
+    /// Hash article → views counted but not yet flushed to SQL.
+    pub fn pending(&self) -> String {
+        self.key("pending")
+    }
+
+    /// Hash: the batch being flushed to SQL (`batch`, `lease`, and article → views taken).
+    pub fn in_flight(&self) -> String {
+        self.key("inflight")
+    }
+
+    /// Sorted set article → all-time views.
+    pub fn rank_all_time(&self) -> String {
+        self.key("rank:all")
+    }
+
+    /// Sorted set article → views in one time bucket (a local day `20261121`, an ISO week `2026W47`).
+    pub fn rank_bucket(&self, bucket: &str) -> String {
+        format!("{}:{bucket}", self.key("rank"))
     }
 }
 
@@ -45,6 +119,30 @@ mod tests {
                 .starts_with("t1:")
         );
         assert!(keys.articles_published_channel().starts_with("t1:"));
+        assert!(keys.view_shard(9).pending().starts_with("t1:"));
+    }
+
+    #[test]
+    fn one_articles_view_keys_share_a_hash_tag() {
+        let keys = Keys::new("p:");
+        let shard = keys.view_shard(9 + i64::from(VIEW_SHARDS));
+        let tag = format!("{{v:{}}}", 9);
+        for key in [
+            shard.seen(25, Viewer::User(7)),
+            shard.seen(25, Viewer::Address("::1".parse().unwrap())),
+            shard.base(),
+            shard.pending(),
+            shard.in_flight(),
+            shard.rank_all_time(),
+            shard.rank_bucket("20261121"),
+        ] {
+            assert_eq!(
+                key.matches('{').count(),
+                1,
+                "{key} has more than one hash tag"
+            );
+            assert!(key.contains(&tag), "{key} is not in shard 9");
+        }
     }
 
     #[test]

@@ -8,17 +8,31 @@ use redis::Script;
 pub struct Scripts {
     /// Fixed-window counter: see `lua/rate_limit.lua`.
     pub rate_limit: Script,
+    /// Dedup + count + rank one article view: see `lua/record_view.lua`.
+    pub record_view: Script,
+    /// First step of a view flush: see `lua/view_flush_take.lua`.
+    pub view_flush_take: Script,
+    /// Last step of a view flush: see `lua/view_flush_clear.lua`.
+    pub view_flush_clear: Script,
 }
 
 impl Scripts {
     pub fn load() -> Self {
         Self {
             rate_limit: Script::new(include_str!("../../lua/rate_limit.lua")),
+            record_view: Script::new(include_str!("../../lua/record_view.lua")),
+            view_flush_take: Script::new(include_str!("../../lua/view_flush_take.lua")),
+            view_flush_clear: Script::new(include_str!("../../lua/view_flush_clear.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 1] {
-        [&self.rate_limit]
+    fn all(&self) -> [&Script; 4] {
+        [
+            &self.rate_limit,
+            &self.record_view,
+            &self.view_flush_take,
+            &self.view_flush_clear,
+        ]
     }
 
     /// Loads every script into Redis's script cache up front, so the first request after start-up

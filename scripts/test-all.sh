@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The test command: the whole cargo test suite on SQLite, then the integration tests again on
+# PostgreSQL and on MariaDB/MySQL (the tests pick the SQL backend from PULSE_TEST_DATABASE).
+#
+#   bash scripts/test-all.sh                  # sqlite, postgres, mysql
+#   bash scripts/test-all.sh sqlite postgres  # only these backends
+#
+# Needs Redis at PULSE_TEST_REDIS_URL, PostgreSQL at PULSE_TEST_POSTGRES_URL and MariaDB at
+# PULSE_TEST_MYSQL_URL (defaults below; `.ci/run` installs and starts all three).
+# Every backend runs even when an earlier one fails; the exit status is non-zero if any failed.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# The tests start the app from `Config::defaults()`, which reads the environment: keep this shell's
+# Pulse settings (a DATABASE_URL, PULSE_DEV=1, ...) out of them. PULSE_TEST_* stay.
+for name in DATABASE_URL REDIS_URL $(compgen -e | grep '^PULSE_' | grep -v '^PULSE_TEST_' || true); do
+    unset "$name"
+done
+
+# The tests wait on I/O far more than on the CPU: run more of them than there are cores.
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-8}"
+export PULSE_TEST_POSTGRES_URL="${PULSE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export PULSE_TEST_MYSQL_URL="${PULSE_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
+export PULSE_TEST_REDIS_URL="${PULSE_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+
+if [[ $# -gt 0 ]]; then
+    backends=("$@")
+else
+    backends=(sqlite postgres mysql)
+fi
+for backend in "${backends[@]}"; do
+    case "$backend" in
+        sqlite | postgres | mysql) ;;
+        *)
+            echo "unknown backend '$backend' (expected sqlite, postgres or mysql)" >&2
+            exit 2
+            ;;
+    esac
+done
+
+header() {
+    printf '\n==== %s ====\n' "$*"
+}
+
+have() {
+    command -v "$1" >/dev/null 2>&1
+}
+
+# Splits PULSE_TEST_MYSQL_URL (mysql://user[:password]@host[:port]/db) into mariadb client options.
+mysql_args() {
+    local rest=${PULSE_TEST_MYSQL_URL#*://} credentials="root" address user password host port db
+    if [[ $rest == *@* ]]; then
+        credentials=${rest%%@*}
+        rest=${rest#*@}
+    fi
+    user=${credentials%%:*}
+    password=""
+    [[ $credentials == *:* ]] && password=${credentials#*:}
+    address=${rest%%/*}
+    db=${rest#*/}
+    db=${db%%\?*}
+    [[ $rest == */* ]] || db=""
+    host=${address%%:*}
+    port=3306
+    [[ $address == *:* ]] && port=${address##*:}
+    MYSQL_ARGS=(-h "$host" -P "$port" -u "$user" --connect-timeout=5)
+    [[ -n $password ]] && MYSQL_ARGS+=("-p$password")
+    [[ -n $db ]] && MYSQL_ARGS+=("$db")
+    return 0
+}
+
+# Databases left behind by interrupted earlier runs (tests name theirs pulse_t_*). Best effort; a
+# database something is connected to (another test run, say) is left alone.
+drop_leftover_postgres() {
+    have psql || return 0
+    local names name
+    names=$(PGCONNECT_TIMEOUT=5 psql "$PULSE_TEST_POSTGRES_URL" -Atc \
+        "select datname from pg_database where datname like 'pulse\_t\_%'
+           and datname not in (select datname from pg_stat_activity where datname is not null)" \
+        2>/dev/null) || return 0
+    for name in $names; do
+        PGCONNECT_TIMEOUT=5 psql "$PULSE_TEST_POSTGRES_URL" -qAtc "DROP DATABASE IF EXISTS \"$name\"" \
+            >/dev/null 2>&1 || echo "warning: cannot drop leftover PostgreSQL database $name" >&2
+    done
+    [[ -z $names ]] || echo "dropped leftover PostgreSQL test databases: $(echo "$names" | wc -w)"
+}
+
+drop_leftover_mysql() {
+    have mariadb || return 0
+    local names name
+    mysql_args
+    names=$(mariadb "${MYSQL_ARGS[@]}" -N -e \
+        "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'pulse\\_t\\_%'
+           AND schema_name NOT IN (SELECT db FROM information_schema.processlist WHERE db IS NOT NULL)" \
+        2>/dev/null) || return 0
+    for name in $names; do
+        mariadb "${MYSQL_ARGS[@]}" -e "DROP DATABASE IF EXISTS \`$name\`" >/dev/null 2>&1 ||
+            echo "warning: cannot drop leftover MariaDB database $name" >&2
+    done
+    [[ -z $names ]] || echo "dropped leftover MariaDB test databases: $(echo "$names" | wc -w)"
+}
+
+# A server that does not answer fails its backend at once, with one clear line instead of a
+# failure per test. Skipped when the client is not installed (the tests will say what is wrong).
+check_server() {
+    case "$1" in
+        redis)
+            have redis-cli || return 0
+            [[ $(timeout 5 redis-cli -u "$PULSE_TEST_REDIS_URL" ping 2>/dev/null) == PONG ]] ||
+                { echo "Redis does not answer at $PULSE_TEST_REDIS_URL" >&2; return 1; }
+            ;;
+        postgres)
+            have psql || return 0
+            PGCONNECT_TIMEOUT=5 psql "$PULSE_TEST_POSTGRES_URL" -qAtc 'select 1' >/dev/null ||
+                { echo "PostgreSQL does not answer at $PULSE_TEST_POSTGRES_URL" >&2; return 1; }
+            ;;
+        mysql)
+            have mariadb || return 0
+            mysql_args
+            mariadb "${MYSQL_ARGS[@]}" -e 'select 1' >/dev/null ||
+                { echo "MariaDB does not answer at $PULSE_TEST_MYSQL_URL" >&2; return 1; }
+            ;;
+    esac
+}
+
+header "build (tests of the whole workspace)"
+cargo test --workspace --no-run
+
+check_server redis || { echo "start Redis first (see .ci/run)" >&2; exit 1; }
+
+declare -A outcome=()
+for backend in "${backends[@]}"; do
+    case "$backend" in
+        sqlite)
+            header "SQLite: the whole test suite (PULSE_TEST_DATABASE=sqlite)"
+            if PULSE_TEST_DATABASE=sqlite cargo test --workspace; then
+                outcome[$backend]=passed
+            else
+                outcome[$backend]=FAILED
+            fi
+            ;;
+        postgres | mysql)
+            if [[ $backend == postgres ]]; then
+                header "PostgreSQL: integration tests (PULSE_TEST_DATABASE=postgres, $PULSE_TEST_POSTGRES_URL)"
+                drop_leftover_postgres
+            else
+                header "MariaDB: integration tests (PULSE_TEST_DATABASE=mysql, $PULSE_TEST_MYSQL_URL)"
+                drop_leftover_mysql
+            fi
+            if check_server "$backend" && PULSE_TEST_DATABASE=$backend cargo test --workspace --tests; then
+                outcome[$backend]=passed
+            else
+                outcome[$backend]=FAILED
+            fi
+            ;;
+    esac
+done
+
+header "summary"
+status=0
+for backend in "${backends[@]}"; do
+    printf '%-9s %s\n' "$backend" "${outcome[$backend]}"
+    [[ ${outcome[$backend]} == passed ]] || status=1
+done
+exit "$status"

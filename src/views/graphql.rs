@@ -1,0 +1,180 @@
+use async_graphql::dataloader::DataLoader;
+use async_graphql::{Context, Enum, ID, Object, SimpleObject};
+
+use super::loader::ViewCountLoader;
+use super::service::{RankingWindow, SkipReason};
+use crate::articles::graphql::{Article, load_article, load_articles};
+use crate::entities::articles;
+use crate::error::{AppError, GqlResultExt};
+use crate::graphql::ids::{self, NodeType};
+use crate::graphql::{request, services};
+use crate::redis::keys::Viewer;
+
+/// Most entries a ranking returns.
+const MAX_RANKING_SIZE: i32 = 100;
+
+#[derive(Enum, Clone, Copy, PartialEq, Eq)]
+#[graphql(name = "ViewSkipReason")]
+pub enum ViewSkipReasonGql {
+    /// This viewer was already counted for this article within the window.
+    Duplicate,
+    /// The User-Agent is a known crawler.
+    Crawler,
+}
+
+impl From<SkipReason> for ViewSkipReasonGql {
+    fn from(reason: SkipReason) -> Self {
+        match reason {
+            SkipReason::Duplicate => Self::Duplicate,
+            SkipReason::Crawler => Self::Crawler,
+        }
+    }
+}
+
+#[derive(Enum, Clone, Copy, PartialEq, Eq)]
+pub enum ArticleMetric {
+    Views,
+}
+
+#[derive(Enum, Clone, Copy, PartialEq, Eq)]
+#[graphql(name = "RankingWindow")]
+pub enum RankingWindowGql {
+    AllTime,
+    /// Today, in the server's configured time zone.
+    Day,
+    /// This ISO week, in the server's configured time zone.
+    Week,
+}
+
+impl From<RankingWindowGql> for RankingWindow {
+    fn from(window: RankingWindowGql) -> Self {
+        match window {
+            RankingWindowGql::AllTime => Self::AllTime,
+            RankingWindowGql::Day => Self::Day,
+            RankingWindowGql::Week => Self::Week,
+        }
+    }
+}
+
+pub struct RecordViewPayload {
+    counted: bool,
+    skip_reason: Option<ViewSkipReasonGql>,
+    view_count: i64,
+    article_id: i64,
+}
+
+#[Object]
+impl RecordViewPayload {
+    async fn counted(&self) -> bool {
+        self.counted
+    }
+
+    /// Why the view was not counted; null when it was.
+    async fn skip_reason(&self) -> Option<ViewSkipReasonGql> {
+        self.skip_reason
+    }
+
+    /// The article's views including this one, to show at once.
+    async fn view_count(&self) -> i64 {
+        self.view_count
+    }
+
+    /// The article itself; read from SQL only when selected, so a bare count stays off SQL.
+    async fn article(&self, ctx: &Context<'_>) -> async_graphql::Result<Article> {
+        load_article(ctx, self.article_id)
+            .await?
+            .ok_or(AppError::NotFound("article"))
+            .gql()
+    }
+}
+
+#[derive(SimpleObject)]
+pub struct RankedArticle {
+    /// 1-based position.
+    rank: i32,
+    score: f64,
+    article: Article,
+}
+
+/// The views to show for an article row: its SQL count brought up to date from Redis.
+pub async fn view_count(
+    ctx: &Context<'_>,
+    article: &articles::Model,
+) -> async_graphql::Result<i64> {
+    let loader = ctx.data_unchecked::<DataLoader<ViewCountLoader>>();
+    let live = loader.load_one(article.id).await?.unwrap_or_default();
+    Ok(live.total(article.view_count))
+}
+
+#[derive(Default)]
+pub struct ViewsQuery;
+
+#[Object]
+impl ViewsQuery {
+    /// Real-time ranking of articles.
+    async fn top_articles(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default_with = "ArticleMetric::Views")] by: ArticleMetric,
+        #[graphql(default_with = "RankingWindowGql::AllTime")] window: RankingWindowGql,
+        #[graphql(default = 10)] first: i32,
+    ) -> async_graphql::Result<Vec<RankedArticle>> {
+        let ArticleMetric::Views = by;
+        if !(0..=MAX_RANKING_SIZE).contains(&first) {
+            return Err(AppError::bad_input(
+                "first",
+                format!("first must be between 0 and {MAX_RANKING_SIZE}"),
+            ))
+            .gql();
+        }
+        let ranked = services(ctx)
+            .views
+            .top(window.into(), first as usize)
+            .await
+            .gql()?;
+        let mut found = load_articles(ctx, ranked.iter().map(|(article, _)| *article)).await?;
+        // An article deleted since it was ranked simply drops out.
+        let present = ranked
+            .into_iter()
+            .filter_map(|(id, score)| Some((found.remove(&id)?, score)));
+        Ok(present
+            .enumerate()
+            .map(|(index, (article, score))| RankedArticle {
+                rank: index as i32 + 1,
+                score,
+                article,
+            })
+            .collect())
+    }
+}
+
+#[derive(Default)]
+pub struct ViewsMutation;
+
+#[Object]
+impl ViewsMutation {
+    /// Anonymous allowed. Deduplicated per viewer within a window; crawlers are not counted.
+    async fn record_view(
+        &self,
+        ctx: &Context<'_>,
+        article_id: ID,
+    ) -> async_graphql::Result<RecordViewPayload> {
+        let article_id = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
+        let caller = request(ctx);
+        let viewer = match caller.viewer {
+            Some(user) => Viewer::User(user),
+            None => Viewer::Address(caller.client_ip),
+        };
+        let outcome = services(ctx)
+            .views
+            .record(article_id, viewer, caller.user_agent.as_deref())
+            .await
+            .gql()?;
+        Ok(RecordViewPayload {
+            counted: outcome.counted,
+            skip_reason: outcome.skip_reason.map(Into::into),
+            view_count: outcome.view_count,
+            article_id,
+        })
+    }
+}

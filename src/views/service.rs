@@ -1,0 +1,270 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+
+use super::buckets;
+use super::crawler::CrawlerDetector;
+use crate::entities::articles;
+use crate::error::{AppError, AppResult};
+use crate::redis::Redis;
+use crate::redis::keys::{VIEW_SHARDS, Viewer, view_shard_of};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    Duplicate,
+    Crawler,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ViewOutcome {
+    pub counted: bool,
+    pub skip_reason: Option<SkipReason>,
+    /// Views so far including this one: SQL's count plus what is pending in Redis.
+    pub view_count: i64,
+}
+
+/// What Redis knows of an article's views: SQL's count as of the last flush (when cached) and the
+/// views counted since.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveViews {
+    pub base: Option<i64>,
+    pub pending: i64,
+}
+
+impl LiveViews {
+    /// The count to show, given the `view_count` of the SQL row the caller already holds.
+    pub fn total(&self, sql_view_count: i64) -> i64 {
+        self.base.unwrap_or(sql_view_count) + self.pending
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankingWindow {
+    AllTime,
+    Day,
+    Week,
+}
+
+#[derive(Clone)]
+pub struct ViewService {
+    db: DatabaseConnection,
+    redis: Redis,
+    crawlers: Arc<CrawlerDetector>,
+    window: Duration,
+    zone: Tz,
+}
+
+impl ViewService {
+    pub fn new(
+        db: DatabaseConnection,
+        redis: Redis,
+        crawlers: Arc<CrawlerDetector>,
+        window: Duration,
+        zone: Tz,
+    ) -> Self {
+        Self {
+            db,
+            redis,
+            crawlers,
+            window,
+            zone,
+        }
+    }
+
+    /// Counts a view unless `viewer` was counted for this article within the window or the user
+    /// agent is a crawler. One script call; SQL only the first time Redis meets the article.
+    #[tracing::instrument(skip_all, fields(article.id = article))]
+    pub async fn record(
+        &self,
+        article: i64,
+        viewer: Viewer,
+        user_agent: Option<&str>,
+    ) -> AppResult<ViewOutcome> {
+        let is_crawler = self.crawlers.is_crawler(user_agent);
+        let (mut counted, mut total) = self.run_record(article, viewer, !is_crawler, None).await?;
+        if counted < 0 {
+            let sql_count = self
+                .sql_view_count(article)
+                .await?
+                .ok_or(AppError::NotFound("article"))?;
+            (counted, total) = self
+                .run_record(article, viewer, !is_crawler, Some(sql_count))
+                .await?;
+        }
+        let skip_reason = match (counted, is_crawler) {
+            (1, _) => None,
+            (_, true) => Some(SkipReason::Crawler),
+            _ => Some(SkipReason::Duplicate),
+        };
+        Ok(ViewOutcome {
+            counted: counted == 1,
+            skip_reason,
+            view_count: total,
+        })
+    }
+
+    async fn run_record(
+        &self,
+        article: i64,
+        viewer: Viewer,
+        count: bool,
+        sql_count: Option<i64>,
+    ) -> AppResult<(i64, i64)> {
+        let now = chrono::Utc::now();
+        let shard = self.redis.keys.view_shard(article);
+        let mut conn = self.redis.conn.clone();
+        Ok(self
+            .redis
+            .scripts
+            .record_view
+            .key(shard.seen(article, viewer))
+            .key(shard.base())
+            .key(shard.pending())
+            .key(shard.rank_all_time())
+            .key(shard.rank_bucket(&buckets::day(now, self.zone)))
+            .key(shard.rank_bucket(&buckets::week(now, self.zone)))
+            .arg(article)
+            .arg(self.window.as_secs().max(1))
+            .arg(if count { "1" } else { "0" })
+            .arg(buckets::DAY_BUCKET_TTL.as_secs())
+            .arg(buckets::WEEK_BUCKET_TTL.as_secs())
+            .arg(sql_count.map(|count| count.to_string()).unwrap_or_default())
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    async fn sql_view_count(&self, article: i64) -> AppResult<Option<i64>> {
+        Ok(articles::Entity::find_by_id(article)
+            .select_only()
+            .column(articles::Column::ViewCount)
+            .into_tuple::<i64>()
+            .one(&self.db)
+            .await?)
+    }
+
+    /// Live view state of many articles in one pipelined round trip.
+    pub async fn live(&self, articles: &[i64]) -> AppResult<HashMap<i64, LiveViews>> {
+        let mut pipe = redis::pipe();
+        for &article in articles {
+            let shard = self.redis.keys.view_shard(article);
+            pipe.hget(shard.base(), article)
+                .hget(shard.pending(), article);
+        }
+        let mut conn = self.redis.conn.clone();
+        let replies: Vec<Option<i64>> = pipe.query_async(&mut conn).await?;
+        Ok(articles
+            .iter()
+            .zip(replies.chunks_exact(2))
+            .map(|(&article, reply)| {
+                (
+                    article,
+                    LiveViews {
+                        base: reply[0],
+                        pending: reply[1].unwrap_or(0),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// The most viewed articles in a window, best first: `(article, views)`. Each shard ranks its
+    /// own articles; the overall top `first` is among the shards' tops, merged here.
+    pub async fn top(&self, window: RankingWindow, first: usize) -> AppResult<Vec<(i64, f64)>> {
+        if first == 0 {
+            return Ok(Vec::new());
+        }
+        let now = chrono::Utc::now();
+        let bucket = match window {
+            RankingWindow::AllTime => None,
+            RankingWindow::Day => Some(buckets::day(now, self.zone)),
+            RankingWindow::Week => Some(buckets::week(now, self.zone)),
+        };
+        let mut pipe = redis::pipe();
+        for index in 0..VIEW_SHARDS {
+            let shard = self.redis.keys.view_shard_by_index(index);
+            let key = match &bucket {
+                None => shard.rank_all_time(),
+                Some(bucket) => shard.rank_bucket(bucket),
+            };
+            pipe.zrevrange_withscores(key, 0, first as isize - 1);
+        }
+        let mut conn = self.redis.conn.clone();
+        let per_shard: Vec<Vec<(i64, f64)>> = pipe.query_async(&mut conn).await?;
+        let mut merged: Vec<(i64, f64)> = per_shard.into_iter().flatten().collect();
+        merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        merged.truncate(first);
+        Ok(merged)
+    }
+
+    /// Rewrites the cached base counts and the all-time ranking from SQL (plus pending views).
+    /// New keys are built aside and renamed into place, so readers never see a half-built ranking.
+    /// Views counted while the rebuild runs may be missing from the ranking until the next rebuild;
+    /// the counts themselves are never touched.
+    pub async fn rebuild(&self) -> AppResult<u64> {
+        let mut conn = self.redis.conn.clone();
+        let shards: Vec<_> = (0..VIEW_SHARDS)
+            .map(|index| self.redis.keys.view_shard_by_index(index))
+            .collect();
+        let aside = |key: String| format!("{key}:rebuild");
+        let mut reads = redis::pipe();
+        for shard in &shards {
+            reads
+                .del(aside(shard.base()))
+                .ignore()
+                .del(aside(shard.rank_all_time()))
+                .ignore();
+            reads.hgetall(shard.pending());
+        }
+        let pending: Vec<HashMap<i64, i64>> = reads.query_async(&mut conn).await?;
+        let mut filled = [false; VIEW_SHARDS as usize];
+        let mut rebuilt = 0;
+        let mut after = 0;
+        loop {
+            let rows: Vec<(i64, i64)> = articles::Entity::find()
+                .select_only()
+                .column(articles::Column::Id)
+                .column(articles::Column::ViewCount)
+                .filter(articles::Column::Id.gt(after))
+                .order_by_asc(articles::Column::Id)
+                .limit(1000)
+                .into_tuple()
+                .all(&self.db)
+                .await?;
+            let Some(&(last, _)) = rows.last() else { break };
+            after = last;
+            let mut writes = redis::pipe();
+            for &(article, count) in &rows {
+                let index = view_shard_of(article) as usize;
+                let score = count + pending[index].get(&article).copied().unwrap_or(0);
+                writes
+                    .hset(aside(shards[index].base()), article, count)
+                    .ignore();
+                writes
+                    .zadd(aside(shards[index].rank_all_time()), article, score)
+                    .ignore();
+                filled[index] = true;
+            }
+            let () = writes.query_async(&mut conn).await?;
+            rebuilt += rows.len() as u64;
+        }
+        let mut swap = redis::pipe();
+        swap.atomic();
+        for (shard, filled) in shards.iter().zip(filled) {
+            if filled {
+                swap.rename(aside(shard.base()), shard.base()).ignore();
+                swap.rename(aside(shard.rank_all_time()), shard.rank_all_time())
+                    .ignore();
+            } else {
+                swap.del(shard.base())
+                    .ignore()
+                    .del(shard.rank_all_time())
+                    .ignore();
+            }
+        }
+        let () = swap.query_async(&mut conn).await?;
+        Ok(rebuilt)
+    }
+}
