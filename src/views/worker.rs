@@ -183,42 +183,38 @@ impl ViewFlusher {
     async fn commit(&self, batch: &Batch) -> AppResult<HashMap<i64, Option<i64>>> {
         let ids: Vec<i64> = batch.deltas.iter().map(|(article, _)| *article).collect();
         let txn = self.db.begin().await?;
-        let applied_before = view_flush_batches::Entity::find_by_id(batch.id.clone())
-            .one(&txn)
-            .await?
-            .is_some();
-        if !applied_before {
-            let marker = view_flush_batches::ActiveModel {
-                batch_id: Set(batch.id.clone()),
-                articles: Set(batch.deltas.len() as i32),
-                views: Set(batch.deltas.iter().map(|(_, views)| views).sum()),
-                applied_at: Set(crate::db::now()),
-            };
-            if let Err(err) = marker.insert(&txn).await {
-                return match err.sql_err() {
-                    // Another flusher is committing this very batch right now; it wins.
-                    Some(SqlErr::UniqueConstraintViolation(_)) => {
-                        drop(txn);
-                        self.view_counts(&self.db, &ids).await
-                    }
-                    _ => Err(err.into()),
-                };
-            }
-            for chunk in batch.deltas.chunks(UPDATE_CHUNK) {
-                let mut by_article = CaseStatement::new();
-                for &(article, views) in chunk {
-                    by_article = by_article.case(
-                        articles::Column::Id.eq(article),
-                        Expr::col(articles::Column::ViewCount).add(views),
-                    );
+        // The marker goes first: it makes the transaction a writer from its first statement (SQLite
+        // cannot upgrade a reader under concurrent writers), and a replay stops right here.
+        let marker = view_flush_batches::ActiveModel {
+            batch_id: Set(batch.id.clone()),
+            articles: Set(batch.deltas.len() as i32),
+            views: Set(batch.deltas.iter().map(|(_, views)| views).sum()),
+            applied_at: Set(crate::db::now()),
+        };
+        if let Err(err) = marker.insert(&txn).await {
+            return match err.sql_err() {
+                Some(SqlErr::UniqueConstraintViolation(_)) => {
+                    tracing::info!(batch.id = %batch.id, "view batch was applied before; not applying it again");
+                    drop(txn);
+                    self.view_counts(&self.db, &ids).await
                 }
-                let by_article = by_article.finally(Expr::col(articles::Column::ViewCount));
-                articles::Entity::update_many()
-                    .col_expr(articles::Column::ViewCount, by_article.into())
-                    .filter(articles::Column::Id.is_in(chunk.iter().map(|(article, _)| *article)))
-                    .exec(&txn)
-                    .await?;
+                _ => Err(err.into()),
+            };
+        }
+        for chunk in batch.deltas.chunks(UPDATE_CHUNK) {
+            let mut by_article = CaseStatement::new();
+            for &(article, views) in chunk {
+                by_article = by_article.case(
+                    articles::Column::Id.eq(article),
+                    Expr::col(articles::Column::ViewCount).add(views),
+                );
             }
+            let by_article = by_article.finally(Expr::col(articles::Column::ViewCount));
+            articles::Entity::update_many()
+                .col_expr(articles::Column::ViewCount, by_article.into())
+                .filter(articles::Column::Id.is_in(chunk.iter().map(|(article, _)| *article)))
+                .exec(&txn)
+                .await?;
         }
         let counts = self.view_counts(&txn, &ids).await?;
         txn.commit().await?;

@@ -82,6 +82,8 @@ impl TestApp {
         )));
         config.auth_attempts_per_minute = 0;
         config.shutdown_grace = Duration::from_secs(5);
+        // Tests flush views themselves, with flushers they control.
+        config.view_flush_interval = Duration::from_secs(3600);
         adjust(&mut config);
         Self::start(config).await
     }
@@ -123,6 +125,15 @@ impl TestApp {
         body: impl Into<reqwest::Body>,
         token: Option<&str>,
     ) -> (u16, Value) {
+        self.post_with_headers(body, token, &[]).await
+    }
+
+    pub async fn post_with_headers(
+        &self,
+        body: impl Into<reqwest::Body>,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
         let mut request = self
             .http
             .post(self.url("/graphql"))
@@ -130,6 +141,9 @@ impl TestApp {
             .body(body);
         if let Some(token) = token {
             request = request.bearer_auth(token);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let response = request.send().await.expect("the server answers");
         let status = response.status().as_u16();

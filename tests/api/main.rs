@@ -6,3 +6,4 @@ mod helpers;
 mod limits;
 mod ops;
 mod subscriptions;
+mod views;
