@@ -53,6 +53,28 @@ pub async fn fresh_database_url(data_dir: &std::path::Path) -> String {
     format!("{base}/{name}")
 }
 
+/// A configuration with its own fresh database, data dir and Redis prefix.
+pub async fn test_config(adjust: impl FnOnce(&mut Config)) -> Config {
+    let data_dir = std::env::temp_dir().join(format!("pulse-test-{}", unique_suffix()));
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let mut config = Config::defaults();
+    config.database_url = Some(fresh_database_url(&data_dir).await);
+    config.redis_url = Some(redis_url());
+    config.redis_prefix = format!("pulse-test:{}:", unique_suffix());
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.data_dir = data_dir;
+    config.token_secret = Some(Secret::new(format!(
+        "test-secret-{}-padding-padding",
+        unique_suffix()
+    )));
+    config.auth_attempts_per_minute = 0;
+    config.shutdown_grace = Duration::from_secs(5);
+    // Tests flush views themselves, with flushers they control.
+    config.view_flush_interval = Duration::from_secs(3600);
+    adjust(&mut config);
+    config
+}
+
 pub struct TestApp {
     pub addr: SocketAddr,
     pub state: AppState,
@@ -68,24 +90,7 @@ impl TestApp {
     }
 
     pub async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> Self {
-        let data_dir = std::env::temp_dir().join(format!("pulse-test-{}", unique_suffix()));
-        std::fs::create_dir_all(&data_dir).unwrap();
-        let mut config = Config::defaults();
-        config.database_url = Some(fresh_database_url(&data_dir).await);
-        config.redis_url = Some(redis_url());
-        config.redis_prefix = format!("pulse-test:{}:", unique_suffix());
-        config.listen = "127.0.0.1:0".parse().unwrap();
-        config.data_dir = data_dir;
-        config.token_secret = Some(Secret::new(format!(
-            "test-secret-{}-padding-padding",
-            unique_suffix()
-        )));
-        config.auth_attempts_per_minute = 0;
-        config.shutdown_grace = Duration::from_secs(5);
-        // Tests flush views themselves, with flushers they control.
-        config.view_flush_interval = Duration::from_secs(3600);
-        adjust(&mut config);
-        Self::start(config).await
+        Self::start(test_config(adjust).await).await
     }
 
     /// Starts an app on `config` as it is (a restart reuses the same database and prefix).

@@ -1,0 +1,251 @@
+//! A server process killed (SIGKILL) in the middle of a view flush loses and doubles nothing.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use pulse::config::Config;
+use pulse::graphql::ids::{self, NodeType};
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
+use serde_json::{Value, json};
+
+use crate::helpers::{PASSWORD, TestApp, test_config};
+
+const VIEWS: usize = 50;
+
+/// Holds SQL's write lock on the batch table, so that a flusher blocks right after taking a batch
+/// and before committing it.
+struct SqlLock {
+    conn: DatabaseConnection,
+    release: &'static str,
+}
+
+impl SqlLock {
+    async fn take(url: &str) -> Self {
+        let mut options = ConnectOptions::new(url);
+        options.max_connections(1).min_connections(1);
+        let conn = Database::connect(options).await.unwrap();
+        let (statements, release): (&[&str], _) = match conn.get_database_backend() {
+            sea_orm::DbBackend::Sqlite => (&["BEGIN EXCLUSIVE"], "ROLLBACK"),
+            sea_orm::DbBackend::Postgres => (
+                &[
+                    "BEGIN",
+                    "LOCK TABLE view_flush_batches IN ACCESS EXCLUSIVE MODE",
+                ],
+                "ROLLBACK",
+            ),
+            _ => (&["LOCK TABLES view_flush_batches WRITE"], "UNLOCK TABLES"),
+        };
+        for statement in statements {
+            conn.execute_unprepared(statement).await.unwrap();
+        }
+        Self { conn, release }
+    }
+
+    async fn release(self) {
+        self.conn.execute_unprepared(self.release).await.unwrap();
+        self.conn.close().await.unwrap();
+    }
+}
+
+/// The real `pulse` binary, configured like `config`, as a separate process that can be killed.
+async fn spawn_server_process(config: &Config, port: u16) -> tokio::process::Child {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pulse"))
+        .arg("serve")
+        .env("DATABASE_URL", config.database_url())
+        .env("REDIS_URL", config.redis_url.as_deref().unwrap())
+        .env("PULSE_REDIS_PREFIX", &config.redis_prefix)
+        .env("PULSE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("PULSE_DATA_DIR", &config.data_dir)
+        .env(
+            "PULSE_TOKEN_SECRET",
+            config.token_secret.as_ref().unwrap().expose(),
+        )
+        .env("PULSE_TRUSTED_PROXIES", "127.0.0.1/32")
+        .env("PULSE_AUTH_ATTEMPTS_PER_MINUTE", "0")
+        .env("PULSE_VIEW_FLUSH_INTERVAL", "200ms")
+        .env("PULSE_VIEW_FLUSH_LEASE", "1s")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the pulse binary starts");
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        if let Ok(response) = http
+            .get(format!("http://127.0.0.1:{port}/readyz"))
+            .send()
+            .await
+            && response.status() == 200
+        {
+            return child;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the server process never became ready");
+}
+
+async fn post(
+    port: u16,
+    token: Option<&str>,
+    client_ip: &str,
+    query: &str,
+    variables: Value,
+) -> Value {
+    let mut request = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/graphql"))
+        .header("x-forwarded-for", client_ip)
+        .json(&json!({ "query": query, "variables": variables }));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+async fn batches_in_flight(config: &Config) -> usize {
+    let client = redis::Client::open(config.redis_url.as_deref().unwrap()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = pulse::redis::Keys::new(config.redis_prefix.clone());
+    let mut in_flight = 0;
+    for shard in 0..pulse::redis::keys::VIEW_SHARDS {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(keys.view_shard_by_index(shard).in_flight())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        in_flight += usize::from(exists);
+    }
+    in_flight
+}
+
+#[tokio::test]
+async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_nothing() {
+    let config = test_config(|_| {}).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = spawn_server_process(&config, port).await;
+
+    let signed_up = post(
+        port,
+        None,
+        "192.0.2.1",
+        "mutation($p: String!) { signUp(handle: \"victim\", password: $p) { token } }",
+        json!({ "p": PASSWORD }),
+    )
+    .await;
+    let token = signed_up["data"]["signUp"]["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let published = post(
+        port,
+        Some(&token),
+        "192.0.2.1",
+        "mutation { publishArticle(input: { title: \"crash\", body: \"test\" }) { id } }",
+        json!({}),
+    )
+    .await;
+    let article = published["data"]["publishArticle"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let lock = SqlLock::take(&config.database_url()).await;
+    let mut counted = 0;
+    for viewer in 0..VIEWS {
+        let response = post(
+            port,
+            None,
+            &format!("10.9.0.{viewer}"),
+            "mutation($a: ID!) { recordView(articleId: $a) { counted } }",
+            json!({ "a": article }),
+        )
+        .await;
+        counted += usize::from(response["data"]["recordView"]["counted"] == true);
+    }
+    assert_eq!(counted, VIEWS);
+    for _ in 0..100 {
+        if batches_in_flight(&config).await > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        batches_in_flight(&config).await,
+        1,
+        "the flusher never took the views"
+    );
+    // Give the flusher time to reach the blocked commit, then kill it there.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill().await.unwrap();
+    lock.release().await;
+    let row = ids::decode(&article.clone().into(), NodeType::Article, "id").unwrap();
+    let db = Database::connect(config.database_url()).await.unwrap();
+    let before_restart = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            format!("SELECT view_count FROM articles WHERE id = {row}"),
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get::<i64>("", "view_count")
+        .unwrap();
+    assert_eq!(
+        before_restart, 0,
+        "the killed process had committed already: not the crash under test"
+    );
+    db.close().await.unwrap();
+
+    let restarted = TestApp::start(Config {
+        view_flush_interval: Duration::from_millis(200),
+        view_flush_lease: Duration::from_secs(1),
+        ..config
+    })
+    .await;
+    let mut in_sql = 0;
+    for _ in 0..200 {
+        in_sql = restarted
+            .state
+            .services
+            .articles
+            .get(row)
+            .await
+            .unwrap()
+            .unwrap()
+            .view_count;
+        if in_sql >= VIEWS as i64 && batches_in_flight(&restarted.config).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        in_sql, VIEWS as i64,
+        "the batch left by the killed process was not re-driven exactly once"
+    );
+    assert_eq!(batches_in_flight(&restarted.config).await, 0);
+
+    // Nothing more arrives later: the views are in SQL once, and Redis holds none of them pending.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let response = restarted
+        .graphql(
+            "query($a: ID!) { article(id: $a) { viewCount } }",
+            json!({ "a": article }),
+        )
+        .await;
+    assert_eq!(response["data"]["article"]["viewCount"], VIEWS as i64);
+    assert_eq!(
+        restarted
+            .state
+            .services
+            .articles
+            .get(row)
+            .await
+            .unwrap()
+            .unwrap()
+            .view_count,
+        VIEWS as i64
+    );
+}
