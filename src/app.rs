@@ -137,16 +137,19 @@ impl App {
             tokens,
             hub,
         };
-        let router = crate::http::router(HttpState {
-            schema: state.schema.clone(),
-            services: state.services.clone(),
-            tokens: state.tokens.clone(),
-            proxies: TrustedProxies::new(config.trusted_proxies.clone()),
-            db: state.db.clone(),
-            redis: state.redis.clone(),
-            metrics: crate::telemetry::metrics_handle(),
-            max_body_bytes: config.max_body_bytes,
-        });
+        let router = crate::http::router(
+            HttpState {
+                schema: state.schema.clone(),
+                services: state.services.clone(),
+                tokens: state.tokens.clone(),
+                proxies: TrustedProxies::new(config.trusted_proxies.clone()),
+                db: state.db.clone(),
+                redis: state.redis.clone(),
+                metrics: crate::telemetry::metrics_handle(),
+                max_body_bytes: config.max_body_bytes,
+            },
+            crate::http::cors(&config.cors_origins)?,
+        );
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;

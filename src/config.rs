@@ -128,6 +128,11 @@ pub struct Config {
     )]
     pub trusted_proxies: Vec<IpNet>,
 
+    /// Browser origins allowed to call the API cross-origin (comma-separated, e.g.
+    /// `https://app.example.com`; `*` for any). Empty: no CORS headers, same-origin only.
+    #[arg(long, global = true, env = "PULSE_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
     /// Log format.
     #[arg(long, global = true, env = "PULSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

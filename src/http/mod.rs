@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, Method, header};
 use axum::routing::get;
 use sea_orm::DatabaseConnection;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use client_ip::TrustedProxies;
@@ -33,7 +35,7 @@ pub struct HttpState {
     pub max_body_bytes: usize,
 }
 
-pub fn router(state: HttpState) -> Router {
+pub fn router(state: HttpState, cors: CorsLayer) -> Router {
     let max_body_bytes = state.max_body_bytes;
     Router::new()
         .route("/graphql", get(graphql::graphiql).post(graphql::execute))
@@ -42,9 +44,31 @@ pub fn router(state: HttpState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(cors)
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(CatchPanicLayer::custom(ops::panic_response))
         .with_state(state)
+}
+
+/// CORS for the configured origins. Tokens travel in the Authorization header, never in cookies, so
+/// credentials are not allowed and even `*` lets no site act with a visitor's ambient session.
+pub fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
+    let layer = CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .max_age(Duration::from_secs(3600));
+    if origins.iter().any(|origin| origin == "*") {
+        return Ok(layer.allow_origin(AllowOrigin::any()));
+    }
+    let origins = origins
+        .iter()
+        .map(|origin| {
+            HeaderValue::from_str(origin.trim_end_matches('/')).map_err(|_| {
+                anyhow::anyhow!("PULSE_CORS_ORIGINS: `{origin}` is not a valid origin")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(layer.allow_origin(AllowOrigin::list(origins)))
 }
 
 /// One span per request; the query string is left out (it may carry tokens), as is the client IP.

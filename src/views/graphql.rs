@@ -12,6 +12,7 @@ use crate::redis::keys::Viewer;
 
 /// Most entries a ranking returns.
 const MAX_RANKING_SIZE: i32 = 100;
+const DEFAULT_RANKING_SIZE: i32 = 10;
 
 #[derive(Enum, Clone, Copy, PartialEq, Eq)]
 #[graphql(name = "ViewSkipReason")]
@@ -117,9 +118,10 @@ impl ViewsQuery {
         ctx: &Context<'_>,
         #[graphql(default_with = "ArticleMetric::Views")] by: ArticleMetric,
         #[graphql(default_with = "RankingWindowGql::AllTime")] window: RankingWindowGql,
-        #[graphql(default = 10)] first: i32,
+        #[graphql(default = 10)] first: Option<i32>,
     ) -> async_graphql::Result<Vec<RankedArticle>> {
         let ArticleMetric::Views = by;
+        let first = first.unwrap_or(DEFAULT_RANKING_SIZE);
         if !(0..=MAX_RANKING_SIZE).contains(&first) {
             return Err(AppError::bad_input(
                 "first",

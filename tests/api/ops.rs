@@ -107,3 +107,56 @@ async fn a_private_redis_server_starts_and_stops() {
         "nothing persisted in the data dir"
     );
 }
+
+#[tokio::test]
+async fn only_configured_origins_may_call_cross_origin() {
+    let app =
+        TestApp::spawn_with(|config| config.cors_origins = vec!["https://app.example".into()])
+            .await;
+    let preflight = |origin: &'static str| {
+        app.http
+            .request(reqwest::Method::OPTIONS, app.url("/graphql"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+    };
+    let allowed = preflight("https://app.example").await.unwrap();
+    assert_eq!(
+        allowed.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    assert!(
+        allowed
+            .headers()
+            .get("access-control-allow-credentials")
+            .is_none()
+    );
+    let refused = preflight("https://evil.example").await.unwrap();
+    assert!(
+        refused
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+
+    let same_origin_only = TestApp::spawn().await;
+    let response = same_origin_only
+        .http
+        .post(same_origin_only.url("/graphql"))
+        .header("origin", "https://app.example")
+        .header("content-type", "application/json")
+        .body(json!({ "query": "{ viewer { id } }" }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+}
