@@ -1,0 +1,229 @@
+//! The HTTP load: `recordView` mutations from many viewers, as fast as possible (closed loop) or on
+//! a fixed schedule (open loop).
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use reqwest::header::{CONTENT_TYPE, USER_AGENT};
+use serde_json::Value;
+
+/// Viewers are 10.x.y.z: at most 2^24 of them.
+pub const MAX_VIEWERS: u32 = 1 << 24;
+
+/// A desktop browser: not a crawler, so every first view counts.
+pub const BROWSER_USER_AGENT: &str = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
+
+pub const RECORD_VIEW: &str = "mutation($a:ID!){ recordView(articleId:$a){ counted viewCount } }";
+
+/// Highest latency the histogram holds, in microseconds; slower requests are clamped to it.
+const MAX_LATENCY_US: u64 = 120_000_000;
+
+/// The address of viewer `index` (below [`MAX_VIEWERS`]): inside 10.0.0.0/8.
+pub fn viewer_ip(index: u32) -> Ipv4Addr {
+    debug_assert!(index < MAX_VIEWERS);
+    let [_, x, y, z] = index.to_be_bytes();
+    Ipv4Addr::new(10, x, y, z)
+}
+
+/// The warm-up viewer: outside 10.0.0.0/8, so never one of the measured viewers.
+pub const WARM_UP_VIEWER: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
+
+/// The request body of a view of `article` (a global id), built once per article.
+pub fn record_view_body(article: &str) -> String {
+    serde_json::json!({ "query": RECORD_VIEW, "variables": { "a": article } }).to_string()
+}
+
+/// Sends one view and answers whether it was counted. An error is a transport failure, a non-200
+/// status, a GraphQL `errors` array, or a missing or impossible field (a view count below 1: every
+/// article has at least its warm-up view).
+pub async fn send_view(
+    http: &reqwest::Client,
+    url: &str,
+    body: &'static str,
+    viewer: Ipv4Addr,
+) -> Result<bool, String> {
+    let response = http
+        .post(url)
+        .header(CONTENT_TYPE, "application/json")
+        .header(USER_AGENT, BROWSER_USER_AGENT)
+        .header("x-forwarded-for", viewer.to_string())
+        .body(body)
+        .send()
+        .await
+        .map_err(|err| format!("transport: {err}"))?;
+    let status = response.status();
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|err| format!("reading the body: {err}"))?;
+    if status != reqwest::StatusCode::OK {
+        return Err(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+        ));
+    }
+    let json: Value =
+        serde_json::from_slice(&bytes).map_err(|err| format!("the body is not JSON: {err}"))?;
+    if let Some(errors) = json.get("errors") {
+        return Err(format!("GraphQL errors: {errors}"));
+    }
+    let payload = &json["data"]["recordView"];
+    match (payload["counted"].as_bool(), payload["viewCount"].as_i64()) {
+        (Some(counted), Some(view_count)) if view_count >= 1 => Ok(counted),
+        _ => Err(format!("malformed recordView payload: {json}")),
+    }
+}
+
+pub struct LoadPlan {
+    pub url: String,
+    /// One body per article, kept for the whole run so requests borrow rather than copy.
+    pub bodies: &'static [String],
+    pub viewers: u32,
+    pub clients: u32,
+    pub stop: Stop,
+    /// Open loop: views/s over all clients.
+    pub rate: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Stop {
+    After(Duration),
+    Requests(u64),
+}
+
+pub struct LoadResult {
+    pub elapsed: Duration,
+    /// Latency in microseconds of every request, failed ones included.
+    pub latency: Histogram<u64>,
+    pub ok: u64,
+    pub counted: u64,
+    pub errors: u64,
+    pub first_errors: Vec<String>,
+}
+
+impl LoadResult {
+    fn empty() -> Self {
+        Self {
+            elapsed: Duration::ZERO,
+            latency: new_histogram(),
+            ok: 0,
+            counted: 0,
+            errors: 0,
+            first_errors: Vec::new(),
+        }
+    }
+
+    fn merge(&mut self, other: Self) {
+        self.latency
+            .add(&other.latency)
+            .expect("histograms of equal bounds merge");
+        self.ok += other.ok;
+        self.counted += other.counted;
+        self.errors += other.errors;
+        for error in other.first_errors {
+            if self.first_errors.len() < 5 {
+                self.first_errors.push(error);
+            }
+        }
+    }
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds")
+}
+
+/// Runs the load: `clients` tasks sharing one keep-alive HTTP client.
+pub async fn run(http: &reqwest::Client, plan: LoadPlan) -> LoadResult {
+    let plan = Arc::new(plan);
+    let remaining = Arc::new(AtomicI64::new(match plan.stop {
+        Stop::Requests(total) => total as i64,
+        Stop::After(_) => i64::MAX,
+    }));
+    let started = Instant::now();
+    let deadline = match plan.stop {
+        Stop::After(duration) => Some(started + duration),
+        Stop::Requests(_) => None,
+    };
+    // Open loop: every client sends every `clients / rate` seconds, the clients staggered evenly.
+    let interval = plan
+        .rate
+        .map(|rate| Duration::from_secs_f64(f64::from(plan.clients) / rate));
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..plan.clients {
+        let http = http.clone();
+        let plan = plan.clone();
+        let remaining = remaining.clone();
+        let first_send = interval.map(|interval| {
+            started + interval.mul_f64(f64::from(client) / f64::from(plan.clients))
+        });
+        tasks.spawn(async move {
+            client_loop(&http, &plan, &remaining, deadline, interval, first_send).await
+        });
+    }
+    let mut result = LoadResult::empty();
+    while let Some(joined) = tasks.join_next().await {
+        result.merge(joined.expect("a load task does not panic"));
+    }
+    result.elapsed = started.elapsed();
+    result
+}
+
+async fn client_loop(
+    http: &reqwest::Client,
+    plan: &LoadPlan,
+    remaining: &AtomicI64,
+    deadline: Option<Instant>,
+    interval: Option<Duration>,
+    mut next_send: Option<Instant>,
+) -> LoadResult {
+    let mut rng = StdRng::from_os_rng();
+    let mut result = LoadResult::empty();
+    loop {
+        // Open loop: wait for this request's slot, and measure from it, so a slow server cannot
+        // hide its queueing by delaying the requests that would have measured it.
+        let scheduled = match (next_send, interval) {
+            (Some(at), Some(interval)) => {
+                if deadline.is_some_and(|deadline| at >= deadline) {
+                    break;
+                }
+                tokio::time::sleep_until(at.into()).await;
+                next_send = Some(at + interval);
+                at
+            }
+            _ => Instant::now(),
+        };
+        if deadline.is_some_and(|deadline| scheduled >= deadline) {
+            break;
+        }
+        if remaining.fetch_sub(1, Ordering::Relaxed) <= 0 {
+            break;
+        }
+        let bodies: &'static [String] = plan.bodies;
+        let body = &bodies[rng.random_range(0..bodies.len())];
+        let viewer = viewer_ip(rng.random_range(0..plan.viewers));
+        let answer = send_view(http, &plan.url, body, viewer).await;
+        let micros = scheduled
+            .elapsed()
+            .as_micros()
+            .clamp(1, u128::from(MAX_LATENCY_US));
+        result.latency.saturating_record(micros as u64);
+        match answer {
+            Ok(counted) => {
+                result.ok += 1;
+                result.counted += u64::from(counted);
+            }
+            Err(error) => {
+                result.errors += 1;
+                if result.first_errors.len() < 5 {
+                    result.first_errors.push(error);
+                }
+            }
+        }
+    }
+    result
+}

@@ -1,0 +1,506 @@
+//! `record-view`: start a server, seed it, warm it, load it, check the counts, measure the ceiling.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use rand::distr::{Alphanumeric, SampleString as _};
+use serde_json::{Value, json};
+
+use crate::RecordViewArgs;
+use crate::ceiling::{self, Ceiling, CeilingPlan};
+use crate::load::{self, LoadPlan, LoadResult, Stop, WARM_UP_VIEWER};
+use crate::proc_stats;
+use crate::redis_util;
+use crate::report::{MIB, print_table, thousands};
+use crate::server::Server;
+
+const SMOKE_CLIENTS: u32 = 2;
+const SMOKE_REQUESTS: u64 = 200;
+const SMOKE_ARTICLES: u32 = 10;
+/// redis-benchmark calls for the ceiling: a few seconds' worth.
+const CEILING_REQUESTS: u64 = 200_000;
+const SMOKE_CEILING_REQUESTS: u64 = 2_000;
+/// Concurrent requests while seeding and warming up.
+const SEED_CONCURRENCY: usize = 8;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The run's shape once `--smoke` is applied.
+struct Shape {
+    clients: u32,
+    articles: u32,
+    viewers: u32,
+    stop: Stop,
+    rate: Option<f64>,
+    ceiling_requests: u64,
+}
+
+impl Shape {
+    fn of(args: &RecordViewArgs) -> anyhow::Result<Self> {
+        if let Some(rate) = args.rate {
+            ensure!(
+                rate.is_finite() && rate > 0.0,
+                "--rate must be a positive number of views/s"
+            );
+        }
+        ensure!(!args.duration.is_zero(), "--duration must be positive");
+        Ok(if args.smoke {
+            Self {
+                clients: SMOKE_CLIENTS,
+                articles: SMOKE_ARTICLES,
+                viewers: args.viewers,
+                stop: Stop::Requests(SMOKE_REQUESTS),
+                rate: args.rate,
+                ceiling_requests: SMOKE_CEILING_REQUESTS,
+            }
+        } else {
+            Self {
+                clients: args.clients,
+                articles: args.articles,
+                viewers: args.viewers,
+                stop: Stop::After(args.duration),
+                rate: args.rate,
+                ceiling_requests: CEILING_REQUESTS,
+            }
+        })
+    }
+
+    fn describe(&self) -> String {
+        let stop = match self.stop {
+            Stop::After(duration) => humantime::format_duration(duration).to_string(),
+            Stop::Requests(requests) => format!("{requests} requests"),
+        };
+        let mode = match self.rate {
+            Some(rate) => format!("open loop at {} views/s offered", thousands(rate)),
+            None => "closed loop".into(),
+        };
+        format!(
+            "{} clients, {stop}, {} articles, {} viewers, {mode}",
+            self.clients,
+            thousands(f64::from(self.articles)),
+            thousands(f64::from(self.viewers))
+        )
+    }
+}
+
+/// What the HTTP part measured.
+struct Measured {
+    warm_up_counted: u64,
+    load: LoadResult,
+    server_cpu_seconds: f64,
+    redis_cpu_seconds: f64,
+    bench_cpu_seconds: f64,
+    rss: u64,
+    peak_rss: u64,
+    /// `Σ viewCount` as the API reports it, and on which attempt it matched (if it did).
+    api_total: i64,
+    articles_listed: usize,
+    check_attempts: u32,
+}
+
+pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
+    let shape = Shape::of(&args)?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(shape.clients as usize + SEED_CONCURRENCY)
+        .tcp_nodelay(true)
+        .timeout(REQUEST_TIMEOUT)
+        .build()?;
+    let (_client, mut redis) = redis_util::connect(&args.redis_url).await?;
+    // The dedup window the server will use; the same defaults and environment as the child's.
+    let window = pulse::Config::defaults().view_window;
+
+    eprintln!("starting {} ...", args.server_bin.display());
+    let mut server = Server::start(&args.server_bin, &args.redis_url, &http).await?;
+    let measured = drive(&shape, &http, &server, &mut redis).await;
+    let stopped = server.stop().await;
+    let cleaned = redis_util::delete_prefix(&mut redis, &server.redis_prefix).await;
+    let measured = measured?;
+    stopped.context("cannot stop the server")?;
+    cleaned.context("cannot delete the server's keys")?;
+
+    eprintln!(
+        "measuring the ceiling: redis-benchmark, {} calls ...",
+        thousands(shape.ceiling_requests as f64)
+    );
+    let ceiling = ceiling::measure(CeilingPlan {
+        redis_url: &args.redis_url,
+        clients: shape.clients,
+        requests: shape.ceiling_requests,
+        // As many (article, viewer) pairs as the HTTP load draws from, so about as many calls
+        // count (the script's longer path) as over HTTP.
+        keyspace: u64::from(shape.viewers) * u64::from(shape.articles),
+        window,
+    })
+    .await?;
+
+    report(&args, &shape, &measured, &ceiling);
+    let expected = measured.warm_up_counted + measured.load.counted;
+    if measured.load.errors > 0 {
+        bail!(
+            "{} requests failed; first: {}",
+            measured.load.errors,
+            measured.load.first_errors.join(" | ")
+        );
+    }
+    if measured.api_total != expected as i64 {
+        bail!(
+            "count mismatch: the API reports {} views, the load saw {} counted",
+            measured.api_total,
+            expected
+        );
+    }
+    Ok(())
+}
+
+async fn drive(
+    shape: &Shape,
+    http: &reqwest::Client,
+    server: &Server,
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<Measured> {
+    let graphql_url = server.url("/graphql");
+
+    eprintln!("seeding {} articles ...", shape.articles);
+    let ids = seed(http, &graphql_url, shape.articles).await?;
+    // Kept for the whole run: the load borrows the bodies instead of copying one per request.
+    let bodies: &'static [String] = ids
+        .iter()
+        .map(|id| load::record_view_body(id))
+        .collect::<Vec<_>>()
+        .leak();
+
+    eprintln!("warming up ...");
+    let warm_up_counted = warm_up(http, &graphql_url, bodies).await?;
+
+    let pid = server.pid().to_string();
+    let ticks = proc_stats::clock_ticks_per_second();
+    let server_before = proc_stats::cpu_ticks(&pid)?;
+    let bench_before = proc_stats::cpu_ticks("self")?;
+    let redis_before = redis_util::cpu_seconds(redis).await?;
+    eprintln!("load: {} ...", shape.describe());
+    let load = load::run(
+        http,
+        LoadPlan {
+            url: graphql_url.clone(),
+            bodies,
+            viewers: shape.viewers,
+            clients: shape.clients,
+            stop: shape.stop,
+            rate: shape.rate,
+        },
+    )
+    .await;
+    let server_after = proc_stats::cpu_ticks(&pid)?;
+    let bench_after = proc_stats::cpu_ticks("self")?;
+    let redis_after = redis_util::cpu_seconds(redis).await?;
+    let (rss, peak_rss) = proc_stats::memory(&pid)?;
+
+    // The flusher may be moving a batch while the totals are read; a total read across a flush is
+    // retried rather than reported as lost views.
+    let expected = (warm_up_counted + load.counted) as i64;
+    let mut check_attempts = 0;
+    let (api_total, articles_listed) = loop {
+        check_attempts += 1;
+        let (total, listed) = total_views(http, &graphql_url).await?;
+        if total == expected || check_attempts == 3 {
+            break (total, listed);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    ensure!(
+        articles_listed == ids.len(),
+        "the API lists {articles_listed} articles; {} were published",
+        ids.len()
+    );
+    Ok(Measured {
+        warm_up_counted,
+        load,
+        server_cpu_seconds: (server_after - server_before) as f64 / ticks,
+        redis_cpu_seconds: redis_after - redis_before,
+        bench_cpu_seconds: (bench_after - bench_before) as f64 / ticks,
+        rss,
+        peak_rss,
+        api_total,
+        articles_listed,
+        check_attempts,
+    })
+}
+
+/// One GraphQL operation; any transport, status or GraphQL error is an error.
+async fn graphql(
+    http: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    query: &str,
+    variables: Value,
+) -> anyhow::Result<Value> {
+    let mut request = http
+        .post(url)
+        .json(&json!({ "query": query, "variables": variables }));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await?;
+    let status = response.status();
+    let body: Value = response.json().await.context("a non-JSON GraphQL answer")?;
+    if status != reqwest::StatusCode::OK || body.get("errors").is_some() {
+        bail!("GraphQL request failed ({status}): {body}");
+    }
+    Ok(body)
+}
+
+/// Signs a user up and publishes `articles` articles; returns their global ids.
+async fn seed(http: &reqwest::Client, url: &str, articles: u32) -> anyhow::Result<Vec<String>> {
+    let handle = format!("bench_{}", crate::random_hex(12));
+    let password = Alphanumeric.sample_string(&mut rand::rng(), 24);
+    let signed_up = graphql(
+        http,
+        url,
+        None,
+        "mutation($h:String!,$p:String!){ signUp(handle:$h,password:$p){ token } }",
+        json!({ "h": handle, "p": password }),
+    )
+    .await
+    .context("sign-up")?;
+    let token: Arc<str> = signed_up["data"]["signUp"]["token"]
+        .as_str()
+        .context("signUp returned no token")?
+        .into();
+
+    let limit = Arc::new(tokio::sync::Semaphore::new(SEED_CONCURRENCY));
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..articles {
+        let (http, url, token, limit) =
+            (http.clone(), url.to_owned(), token.clone(), limit.clone());
+        tasks.spawn(async move {
+            let _permit = limit.acquire_owned().await?;
+            let published = graphql(
+                &http,
+                &url,
+                Some(&token),
+                r#"mutation($t:String!){ publishArticle(input:{title:$t, body:"bench"}){ id } }"#,
+                json!({ "t": format!("Bench article {index}") }),
+            )
+            .await
+            .context("publishArticle")?;
+            published["data"]["publishArticle"]["id"]
+                .as_str()
+                .map(str::to_owned)
+                .context("publishArticle returned no id")
+        });
+    }
+    let mut ids = Vec::with_capacity(articles as usize);
+    while let Some(joined) = tasks.join_next().await {
+        ids.push(joined??);
+    }
+    Ok(ids)
+}
+
+/// Views every article once from a viewer outside the measured set, so that the load never pays
+/// the first view's SQL read. Returns how many counted (all of them, on a fresh prefix).
+async fn warm_up(
+    http: &reqwest::Client,
+    url: &str,
+    bodies: &'static [String],
+) -> anyhow::Result<u64> {
+    let limit = Arc::new(tokio::sync::Semaphore::new(SEED_CONCURRENCY));
+    let mut tasks = tokio::task::JoinSet::new();
+    for body in bodies {
+        let (http, url, limit) = (http.clone(), url.to_owned(), limit.clone());
+        tasks.spawn(async move {
+            let _permit = limit.acquire_owned().await?;
+            load::send_view(&http, &url, body, WARM_UP_VIEWER)
+                .await
+                .map_err(|err| anyhow::anyhow!("warm-up view: {err}"))
+        });
+    }
+    let mut counted = 0;
+    while let Some(joined) = tasks.join_next().await {
+        counted += u64::from(joined??);
+    }
+    Ok(counted)
+}
+
+/// `Σ viewCount` over every article, as the API reports it, and how many articles it listed.
+async fn total_views(http: &reqwest::Client, url: &str) -> anyhow::Result<(i64, usize)> {
+    let query = "query($c:String){ articles(first:100, after:$c){ edges{ node{ viewCount } } pageInfo{ hasNextPage endCursor } } }";
+    let mut after = Value::Null;
+    let (mut total, mut listed) = (0, 0);
+    loop {
+        let page = graphql(http, url, None, query, json!({ "c": after })).await?;
+        let connection = &page["data"]["articles"];
+        let edges = connection["edges"]
+            .as_array()
+            .context("articles has no edges")?;
+        for edge in edges {
+            total += edge["node"]["viewCount"]
+                .as_i64()
+                .context("an article without viewCount")?;
+        }
+        listed += edges.len();
+        if connection["pageInfo"]["hasNextPage"].as_bool() != Some(true) {
+            return Ok((total, listed));
+        }
+        after = connection["pageInfo"]["endCursor"].clone();
+        ensure!(after.is_string(), "hasNextPage without an endCursor");
+    }
+}
+
+fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &Ceiling) {
+    let load = &measured.load;
+    let seconds = load.elapsed.as_secs_f64();
+    let throughput = load.ok as f64 / seconds;
+    let ms = |quantile: f64| load.latency.value_at_quantile(quantile) as f64 / 1000.0;
+    let per_thousand = |cpu: f64| cpu / load.ok.max(1) as f64 * 1000.0;
+    let counted_share = |counted: u64, of: u64| 100.0 * counted as f64 / of.max(1) as f64;
+    let expected = measured.warm_up_counted + load.counted;
+    let ratio = 100.0 * throughput / ceiling.calls_per_second;
+    let verdict = if measured.api_total == expected as i64 {
+        format!("OK (attempt {})", measured.check_attempts)
+    } else {
+        "MISMATCH".into()
+    };
+
+    let mut rows = vec![
+        (
+            "requests",
+            format!(
+                "{} ok, {} errors in {seconds:.2} s; {} counted ({:.1}%)",
+                thousands(load.ok as f64),
+                thousands(load.errors as f64),
+                thousands(load.counted as f64),
+                counted_share(load.counted, load.ok)
+            ),
+        ),
+        ("throughput", format!("{} views/s", thousands(throughput))),
+        (
+            "latency p50 / p99 / max",
+            format!(
+                "{:.2} / {:.2} / {:.2} ms",
+                ms(0.50),
+                ms(0.99),
+                load.latency.max() as f64 / 1000.0
+            ),
+        ),
+        (
+            "latency p90 / p99.9 / mean",
+            format!(
+                "{:.2} / {:.2} / {:.2} ms",
+                ms(0.90),
+                ms(0.999),
+                load.latency.mean() / 1000.0
+            ),
+        ),
+        (
+            "server CPU",
+            format!(
+                "{:.3} s per 1k views ({:.2} cores busy)",
+                per_thousand(measured.server_cpu_seconds),
+                measured.server_cpu_seconds / seconds
+            ),
+        ),
+        (
+            "server RSS",
+            format!(
+                "{:.1} MiB after the load (peak {:.1} MiB)",
+                measured.rss as f64 / MIB,
+                measured.peak_rss as f64 / MIB
+            ),
+        ),
+        (
+            "redis CPU",
+            format!(
+                "{:.3} s per 1k views ({:.2} cores busy)",
+                per_thousand(measured.redis_cpu_seconds),
+                measured.redis_cpu_seconds / seconds
+            ),
+        ),
+        (
+            "bench client CPU",
+            format!(
+                "{:.3} s per 1k views ({:.2} cores busy)",
+                per_thousand(measured.bench_cpu_seconds),
+                measured.bench_cpu_seconds / seconds
+            ),
+        ),
+        (
+            "ceiling",
+            format!(
+                "{} calls/s (redis-benchmark, same script, {} conns, {} calls, {:.1}% counted; p50 {:.3} ms, p99 {:.3} ms)",
+                thousands(ceiling.calls_per_second),
+                shape.clients,
+                thousands(ceiling.requests as f64),
+                counted_share(ceiling.counted, ceiling.requests),
+                ceiling.p50_ms,
+                ceiling.p99_ms
+            ),
+        ),
+        (
+            "ratio",
+            if shape.rate.is_some() {
+                format!("{ratio:.1}% of the ceiling (at the offered rate, not a peak)")
+            } else {
+                format!("{ratio:.1}% of the ceiling")
+            },
+        ),
+        (
+            "counts",
+            format!(
+                "{verdict}: sum of viewCount over {} articles = {}; warm-up {} + load {} = {}",
+                thousands(measured.articles_listed as f64),
+                thousands(measured.api_total as f64),
+                thousands(measured.warm_up_counted as f64),
+                thousands(load.counted as f64),
+                thousands(expected as f64)
+            ),
+        ),
+    ];
+    if !load.first_errors.is_empty() {
+        rows.push(("first errors", load.first_errors.join("\n")));
+    }
+    print_table(
+        &format!("pulse-bench record-view: {}", shape.describe()),
+        &rows,
+    );
+    println!("ceiling command: {}", ceiling.command_line);
+    if args.json {
+        let report = json!({
+            "scenario": "record-view",
+            "smoke": args.smoke,
+            "clients": shape.clients,
+            "articles": shape.articles,
+            "viewers": shape.viewers,
+            "offered_rate": shape.rate,
+            "elapsed_s": seconds,
+            "ok": load.ok,
+            "errors": load.errors,
+            "counted": load.counted,
+            "warm_up_counted": measured.warm_up_counted,
+            "throughput_views_per_s": throughput,
+            "latency_ms": {
+                "p50": ms(0.50),
+                "p90": ms(0.90),
+                "p99": ms(0.99),
+                "p999": ms(0.999),
+                "max": load.latency.max() as f64 / 1000.0,
+                "mean": load.latency.mean() / 1000.0,
+            },
+            "server_cpu_s_per_1k_views": per_thousand(measured.server_cpu_seconds),
+            "server_rss_bytes": measured.rss,
+            "server_peak_rss_bytes": measured.peak_rss,
+            "redis_cpu_s_per_1k_views": per_thousand(measured.redis_cpu_seconds),
+            "bench_cpu_s_per_1k_views": per_thousand(measured.bench_cpu_seconds),
+            "ceiling_calls_per_s": ceiling.calls_per_second,
+            "ceiling_requests": ceiling.requests,
+            "ceiling_counted": ceiling.counted,
+            "ceiling_p50_ms": ceiling.p50_ms,
+            "ceiling_p99_ms": ceiling.p99_ms,
+            "ratio_percent": ratio,
+            "api_total_views": measured.api_total,
+            "expected_total_views": expected,
+            "counts_match": measured.api_total == expected as i64,
+            "redis_benchmark_command": ceiling.command_line,
+        });
+        println!("{report}");
+    }
+}
