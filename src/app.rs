@@ -29,7 +29,7 @@ use crate::views::{ViewFlusher, ViewService};
 pub struct AppState {
     pub db: DatabaseConnection,
     pub redis: Redis,
-    pub services: Services,
+    pub services: Arc<Services>,
     pub schema: PulseSchema,
     pub tokens: Arc<TokenSigner>,
     pub hub: Hub,
@@ -128,6 +128,7 @@ impl App {
             max_complexity: config.max_query_complexity,
             introspection: config.introspection,
         };
+        let services = Arc::new(services);
         let schema = schema::build(limits, services.clone());
         let state = AppState {
             db,

@@ -1,14 +1,12 @@
-use async_graphql::dataloader::DataLoader;
 use async_graphql::{Context, ID, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 
-use super::loader::UserLoader;
 use crate::articles::graphql::ArticleConnection;
 use crate::entities::users;
 use crate::error::GqlResultExt;
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{PageRequest, connection_complexity};
-use crate::graphql::{request, services};
+use crate::graphql::{loaders, request, services};
 
 pub struct User(pub users::Model);
 
@@ -51,11 +49,7 @@ impl User {
 
 /// Loads a user through the request's batching loader.
 pub async fn load_user(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<User>> {
-    Ok(ctx
-        .data_unchecked::<DataLoader<UserLoader>>()
-        .load_one(id)
-        .await?
-        .map(User))
+    Ok(loaders(ctx).users().load_one(id).await?.map(User))
 }
 
 #[derive(SimpleObject)]

@@ -1,17 +1,15 @@
 use async_graphql::connection::{Connection, Edge, EmptyFields};
-use async_graphql::dataloader::DataLoader;
 use async_graphql::{Context, ID, InputObject, Object, Subscription};
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 
-use super::loader::ArticleLoader;
 use super::service::ArticleChanges;
 use crate::accounts::graphql::{User, load_user};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{IdCursor, Page, PageRequest, connection_complexity};
-use crate::graphql::{request, services};
+use crate::graphql::{loaders, request, services};
 
 pub struct Article(pub articles::Model);
 
@@ -71,10 +69,7 @@ pub async fn load_articles(
     ctx: &Context<'_>,
     ids: impl IntoIterator<Item = i64>,
 ) -> async_graphql::Result<std::collections::HashMap<i64, Article>> {
-    let loaded = ctx
-        .data_unchecked::<DataLoader<ArticleLoader>>()
-        .load_many(ids)
-        .await?;
+    let loaded = loaders(ctx).articles().load_many(ids).await?;
     Ok(loaded
         .into_iter()
         .map(|(id, article)| (id, Article(article)))
@@ -83,11 +78,7 @@ pub async fn load_articles(
 
 /// Loads an article through the request's batching loader.
 pub async fn load_article(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<Article>> {
-    Ok(ctx
-        .data_unchecked::<DataLoader<ArticleLoader>>()
-        .load_one(id)
-        .await?
-        .map(Article))
+    Ok(loaders(ctx).articles().load_one(id).await?.map(Article))
 }
 
 #[derive(InputObject)]

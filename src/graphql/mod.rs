@@ -3,6 +3,7 @@
 pub mod context;
 pub mod extensions;
 pub mod ids;
+pub mod loaders;
 pub mod node;
 pub mod pagination;
 pub mod schema;
@@ -14,7 +15,12 @@ pub use schema::{PulseSchema, Services};
 
 /// The services the schema was built with.
 pub fn services<'a>(ctx: &Context<'a>) -> &'a Services {
-    ctx.data_unchecked::<Services>()
+    ctx.data_unchecked::<std::sync::Arc<Services>>()
+}
+
+/// The request's DataLoaders.
+pub fn loaders<'a>(ctx: &Context<'a>) -> &'a loaders::Loaders {
+    ctx.data_unchecked::<loaders::Loaders>()
 }
 
 /// Who is asking, from where.

@@ -1,18 +1,17 @@
-use async_graphql::dataloader::DataLoader;
+use std::sync::Arc;
+
 use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
 
 use super::RequestContext;
-use super::extensions::{ErrorCodes, OperationMetrics};
+use super::extensions::{DocumentCache, ErrorCodes, OperationMetrics};
+use super::loaders::Loaders;
 use super::node::NodeQuery;
 use crate::accounts::AccountService;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
-use crate::accounts::loader::UserLoader;
 use crate::articles::ArticleService;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
-use crate::articles::loader::ArticleLoader;
 use crate::views::ViewService;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
-use crate::views::loader::ViewCountLoader;
 
 #[derive(MergedObject, Default)]
 pub struct Query(NodeQuery, AccountsQuery, ArticlesQuery, ViewsQuery);
@@ -33,24 +32,15 @@ pub struct Services {
     pub views: ViewService,
 }
 
-impl Services {
-    /// Adds what one request (or one websocket connection) needs: who asks, and fresh loaders that
-    /// batch within it and cache nothing across requests.
-    pub fn attach_request_data(&self, data: &mut async_graphql::Data, context: RequestContext) {
-        data.insert(context);
-        data.insert(DataLoader::new(
-            UserLoader(self.accounts.clone()),
-            tokio::spawn,
-        ));
-        data.insert(DataLoader::new(
-            ArticleLoader(self.articles.clone()),
-            tokio::spawn,
-        ));
-        data.insert(DataLoader::new(
-            ViewCountLoader(self.views.clone()),
-            tokio::spawn,
-        ));
-    }
+/// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
+/// within it and cache nothing across requests.
+pub fn attach_request_data(
+    services: &Arc<Services>,
+    data: &mut async_graphql::Data,
+    context: RequestContext,
+) {
+    data.insert(context);
+    data.insert(Loaders::new(services.clone()));
 }
 
 /// Limits every request is held to.
@@ -74,7 +64,8 @@ pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscripti
     .limit_recursive_depth(limits.max_depth.saturating_mul(2).max(32))
     .limit_directives(16)
     .extension(ErrorCodes)
-    .extension(OperationMetrics::default());
+    .extension(OperationMetrics::default())
+    .extension(DocumentCache::default());
     if limits.introspection {
         builder
     } else {
@@ -82,7 +73,7 @@ pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscripti
     }
 }
 
-pub fn build(limits: QueryLimits, services: Services) -> PulseSchema {
+pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
     builder(limits).data(services).finish()
 }
 

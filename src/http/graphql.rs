@@ -1,4 +1,5 @@
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, GraphiQLSource};
 use async_graphql::{Data, ErrorExtensions};
@@ -14,6 +15,7 @@ use serde_json::json;
 use super::HttpState;
 use crate::error::AppError;
 use crate::graphql::RequestContext;
+use crate::graphql::schema::attach_request_data;
 
 pub async fn graphiql() -> Html<String> {
     Html(
@@ -72,7 +74,7 @@ fn request_context(
 }
 
 pub async fn execute(
-    State(state): State<HttpState>,
+    State(state): State<Arc<HttpState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -132,9 +134,7 @@ pub async fn execute(
             Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
         };
     let mut request = request;
-    state
-        .services
-        .attach_request_data(&mut request.data, context);
+    attach_request_data(&state.services, &mut request.data, context);
     let response = state.schema.execute(request).await;
     axum::Json(response).into_response()
 }
@@ -166,7 +166,7 @@ fn init_payload_token(payload: &serde_json::Value) -> Result<Option<String>, App
 }
 
 pub async fn websocket(
-    State(state): State<HttpState>,
+    State(state): State<Arc<HttpState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     protocol: GraphQLProtocol,
@@ -189,7 +189,7 @@ pub async fn websocket(
                     let context = request_context(&state, peer, &headers, token.as_deref())
                         .map_err(|err| err.extend())?;
                     let mut data = Data::default();
-                    state.services.attach_request_data(&mut data, context);
+                    attach_request_data(&state.services, &mut data, context);
                     Ok(data)
                 })
                 .serve()

@@ -26,7 +26,7 @@ use crate::redis::Redis;
 #[derive(Clone)]
 pub struct HttpState {
     pub schema: PulseSchema,
-    pub services: Services,
+    pub services: Arc<Services>,
     pub tokens: Arc<TokenSigner>,
     pub proxies: TrustedProxies,
     pub db: DatabaseConnection,
@@ -47,7 +47,7 @@ pub fn router(state: HttpState, cors: CorsLayer) -> Router {
         .layer(cors)
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(CatchPanicLayer::custom(ops::panic_response))
-        .with_state(state)
+        .with_state(Arc::new(state))
 }
 
 /// CORS for the configured origins. Tokens travel in the Authorization header, never in cookies, so

@@ -1,6 +1,7 @@
 //! Operational endpoints: liveness, readiness, metrics, and the answer to a panic.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -15,7 +16,7 @@ pub async fn healthz() -> &'static str {
 }
 
 /// Ready: SQL and Redis both answer within the probe timeout.
-pub async fn readyz(State(state): State<HttpState>) -> Response {
+pub async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
     let (sql, redis) = tokio::join!(
         tokio::time::timeout(PROBE_TIMEOUT, state.db.ping()),
         tokio::time::timeout(PROBE_TIMEOUT, state.redis.ping()),
@@ -35,7 +36,7 @@ pub async fn readyz(State(state): State<HttpState>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-pub async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+pub async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
         state.metrics.render(),

@@ -1,13 +1,11 @@
-use async_graphql::dataloader::DataLoader;
 use async_graphql::{Context, Enum, ID, Object, SimpleObject};
 
-use super::loader::ViewCountLoader;
 use super::service::{RankingWindow, SkipReason};
 use crate::articles::graphql::{Article, load_article, load_articles};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
-use crate::graphql::{request, services};
+use crate::graphql::{loaders, request, services};
 use crate::redis::keys::Viewer;
 
 /// Most entries a ranking returns.
@@ -102,7 +100,7 @@ pub async fn view_count(
     ctx: &Context<'_>,
     article: &articles::Model,
 ) -> async_graphql::Result<i64> {
-    let loader = ctx.data_unchecked::<DataLoader<ViewCountLoader>>();
+    let loader = loaders(ctx).view_counts();
     let live = loader.load_one(article.id).await?.unwrap_or_default();
     Ok(live.total(article.view_count))
 }
