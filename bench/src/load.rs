@@ -184,16 +184,20 @@ async fn client_loop(
     let mut rng = StdRng::from_os_rng();
     let mut result = LoadResult::empty();
     loop {
-        // Open loop: wait for this request's slot, and measure from it, so a slow server cannot
-        // hide its queueing by delaying the requests that would have measured it.
+        // Open loop: wait for this request's slot. When the previous answer came after the slot,
+        // the server held this request back, so latency counts from the slot (a slow server cannot
+        // hide its queueing by delaying the requests that would have measured it). When the client
+        // was idle, it counts from the actual send: the timer wakes up to a millisecond late, and
+        // that lateness is the load tool's, not the server's.
         let scheduled = match (next_send, interval) {
             (Some(at), Some(interval)) => {
                 if deadline.is_some_and(|deadline| at >= deadline) {
                     break;
                 }
+                let held_back = Instant::now() > at;
                 tokio::time::sleep_until(at.into()).await;
                 next_send = Some(at + interval);
-                at
+                if held_back { at } else { Instant::now() }
             }
             _ => Instant::now(),
         };

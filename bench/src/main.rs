@@ -56,7 +56,8 @@ pub struct RecordViewArgs {
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=load::MAX_VIEWERS as i64))]
     pub viewers: u32,
     /// Open-loop target in views/s over all clients: each client sends on a fixed schedule and
-    /// latency is measured from the scheduled send time. Unset: closed loop, as fast as possible.
+    /// latency is measured from the scheduled send time when the previous answer came too late for
+    /// it, else from the actual send. Unset: closed loop, as fast as possible.
     #[arg(long)]
     pub rate: Option<f64>,
     /// Redis the server and the ceiling run against.
