@@ -42,14 +42,7 @@ pub async fn delete_prefix(conn: &mut MultiplexedConnection, prefix: &str) -> an
     let mut cursor: u64 = 0;
     let mut deleted = 0;
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(conn)
-            .await?;
+        let (next, keys) = scan_page(conn, cursor, &pattern).await?;
         if !keys.is_empty() {
             let removed: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
             deleted += removed;
@@ -66,14 +59,7 @@ pub async fn prefix_in_use(conn: &mut MultiplexedConnection, prefix: &str) -> an
     let pattern = format!("{prefix}*");
     let mut cursor: u64 = 0;
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(conn)
-            .await?;
+        let (next, keys) = scan_page(conn, cursor, &pattern).await?;
         if !keys.is_empty() {
             return Ok(true);
         }
@@ -109,4 +95,20 @@ pub fn benchmark_target_args(info: &ConnectionInfo) -> anyhow::Result<Vec<String
 /// A Redis URL without its password, fit for output.
 pub fn redacted(url: &str) -> String {
     pulse::config::redacted_url(url)
+}
+
+/// One SCAN step over keys matching `pattern`: the next cursor (0 when done) and a page of keys.
+async fn scan_page(
+    conn: &mut MultiplexedConnection,
+    cursor: u64,
+    pattern: &str,
+) -> anyhow::Result<(u64, Vec<String>)> {
+    Ok(redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(10_000)
+        .query_async(conn)
+        .await?)
 }

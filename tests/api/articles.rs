@@ -246,10 +246,12 @@ async fn walk_all_pages(app: &TestApp, page_size: usize) -> Vec<i64> {
 async fn keyset_pagination_returns_every_article_once_while_others_insert() {
     let app = Arc::new(TestApp::spawn().await);
     let (token, _) = app.sign_up("quinn").await;
-    let mut existing = HashSet::new();
-    for i in 0..90 {
-        existing.insert(row_id(&app.publish(&token, &format!("before {i}")).await));
-    }
+    let existing: HashSet<i64> = app
+        .publish_many(&token, "before ", 90)
+        .await
+        .iter()
+        .map(|id| row_id(id))
+        .collect();
 
     let writers = (0..4).map(|w| {
         let (app, token) = (app.clone(), token.clone());

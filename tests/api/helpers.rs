@@ -196,6 +196,15 @@ impl TestApp {
             .to_owned()
     }
 
+    /// Publishes `n` articles titled `<prefix>0`, `<prefix>1`, …; returns their global ids in order.
+    pub async fn publish_many(&self, token: &str, prefix: &str, n: usize) -> Vec<String> {
+        let mut ids = Vec::with_capacity(n);
+        for i in 0..n {
+            ids.push(self.publish(token, &format!("{prefix}{i}")).await);
+        }
+        ids
+    }
+
     pub async fn count(&self, table: &str) -> i64 {
         let row = self
             .state

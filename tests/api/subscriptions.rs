@@ -76,21 +76,35 @@ async fn wait_until_listening(app: &TestApp) {
 
 const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
 
-#[tokio::test]
-async fn new_articles_arrive_over_graphql_transport_ws() {
-    let app = TestApp::spawn().await;
-    let (token, _) = app.sign_up("uma").await;
-    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": token })).await;
+/// Connects with `protocol`, expects the ack, sends `start` (the protocol's subscribe message, id
+/// `id`) and waits until the subscription reached Redis.
+async fn subscribed(
+    app: &TestApp,
+    protocol: &str,
+    init_payload: Value,
+    start: &str,
+    id: &str,
+) -> Socket {
+    let mut socket = connect(app, protocol, init_payload).await;
     assert_eq!(
         next_message(&mut socket).await.unwrap()["type"],
         "connection_ack"
     );
     send(
         &mut socket,
-        json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
+        json!({ "id": id, "type": start, "payload": { "query": SUBSCRIPTION } }),
     )
     .await;
-    wait_until_listening(&app).await;
+    wait_until_listening(app).await;
+    socket
+}
+
+#[tokio::test]
+async fn new_articles_arrive_over_graphql_transport_ws() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("uma").await;
+    let init = json!({ "token": token });
+    let mut socket = subscribed(&app, "graphql-transport-ws", init, "subscribe", "1").await;
 
     app.publish(&token, "live one").await;
     let message = next_message(&mut socket).await.unwrap();
@@ -110,22 +124,8 @@ async fn new_articles_arrive_over_graphql_transport_ws() {
 async fn new_articles_arrive_over_the_legacy_graphql_ws_protocol() {
     let app = TestApp::spawn().await;
     let (token, _) = app.sign_up("vic").await;
-    let mut socket = connect(
-        &app,
-        "graphql-ws",
-        json!({ "Authorization": format!("Bearer {token}") }),
-    )
-    .await;
-    assert_eq!(
-        next_message(&mut socket).await.unwrap()["type"],
-        "connection_ack"
-    );
-    send(
-        &mut socket,
-        json!({ "id": "7", "type": "start", "payload": { "query": SUBSCRIPTION } }),
-    )
-    .await;
-    wait_until_listening(&app).await;
+    let init = json!({ "Authorization": format!("Bearer {token}") });
+    let mut socket = subscribed(&app, "graphql-ws", init, "start", "7").await;
 
     app.publish(&token, "legacy").await;
     let message = next_message(&mut socket).await.unwrap();
@@ -153,19 +153,8 @@ async fn subscribers_of_one_process_share_one_redis_subscription() {
     let (token, _) = app.sign_up("wes").await;
     let mut sockets = Vec::new();
     for _ in 0..5 {
-        let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;
-        assert_eq!(
-            next_message(&mut socket).await.unwrap()["type"],
-            "connection_ack"
-        );
-        send(
-            &mut socket,
-            json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
-        )
-        .await;
-        sockets.push(socket);
+        sockets.push(subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await);
     }
-    wait_until_listening(&app).await;
     let channel = app.state.redis.keys.articles_published_channel();
     for _ in 0..200 {
         if app.state.hub.local_subscribers(&channel) == 5 {

@@ -306,10 +306,7 @@ async fn replaying_a_committed_batch_changes_nothing() {
 async fn concurrent_flushers_never_double_count() {
     let app = app_behind_proxy().await;
     let (token, _) = app.sign_up("prolific").await;
-    let mut articles = Vec::new();
-    for i in 0..20 {
-        articles.push(app.publish(&token, &format!("a{i}")).await);
-    }
+    let articles = app.publish_many(&token, "a", 20).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let flushers: Vec<_> = (0..6)
         .map(|_| {
@@ -398,10 +395,7 @@ async fn views_keep_counting_while_the_author_edits() {
 async fn rankings_order_articles_by_views_per_window() {
     let app = app_behind_proxy().await;
     let (token, _) = app.sign_up("ranked").await;
-    let mut articles = Vec::new();
-    for i in 0..5 {
-        articles.push(app.publish(&token, &format!("r{i}")).await);
-    }
+    let articles = app.publish_many(&token, "r", 5).await;
     // Article i gets i + 1 views.
     for (i, article) in articles.iter().enumerate() {
         for viewer in 0..=i {
