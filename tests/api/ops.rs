@@ -202,3 +202,33 @@ async fn only_configured_origins_may_call_cross_origin() {
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn losing_redis_makes_the_hot_path_unavailable_not_broken() {
+    let dir = std::env::temp_dir().join(format!("pulse-lost-redis-{}", rand::random::<u32>()));
+    let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
+        .await
+        .expect("redis-server is installed on test machines");
+    let url = private.url().to_owned();
+    let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
+    let (token, _) = app.sign_up("redisless").await;
+    let article = app.publish(&token, "still here").await;
+
+    private.stop().await;
+    let view = app
+        .graphql(
+            "mutation($a: ID!) { recordView(articleId: $a) { counted } }",
+            json!({ "a": article }),
+        )
+        .await;
+    assert_eq!(crate::helpers::error_code(&view), "UNAVAILABLE", "{view}");
+    assert!(
+        !view.to_string().contains("refused"),
+        "internal detail leaked: {view}"
+    );
+    let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(body["redis"], "unreachable");
+    assert_eq!(body["sql"], "ok");
+}

@@ -190,3 +190,35 @@ async fn subscribers_of_one_process_share_one_redis_subscription() {
     }
     panic!("closed subscriptions were not released");
 }
+
+#[tokio::test]
+async fn subscriptions_survive_a_lost_pubsub_connection() {
+    // A Redis of its own, so that killing every pub/sub client there touches no other test.
+    let dir = std::env::temp_dir().join(format!("pulse-pubsub-{}", rand::random::<u32>()));
+    let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
+        .await
+        .expect("redis-server is installed on test machines");
+    let url = private.url().to_owned();
+    let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
+    let (token, _) = app.sign_up("xena").await;
+    let mut socket = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+
+    let mut conn = app.state.redis.conn.clone();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the hub's one pub/sub connection");
+    wait_until_listening(&app).await;
+
+    app.publish(&token, "after the reconnect").await;
+    let message = next_message(&mut socket).await.unwrap();
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"],
+        "after the reconnect"
+    );
+    private.stop().await;
+}
