@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
+use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, USER_AGENT};
-use serde_json::Value;
+use serde::Deserialize;
 
 /// Viewers are 10.x.y.z: at most 2^24 of them.
 pub const MAX_VIEWERS: u32 = 1 << 24;
@@ -38,17 +39,38 @@ pub fn record_view_body(article: &str) -> String {
     serde_json::json!({ "query": RECORD_VIEW, "variables": { "a": article } }).to_string()
 }
 
+/// The parts of a `recordView` answer the tool checks. Typed, so that checking an answer costs the
+/// load tool little CPU: it shares the machine with the server it measures.
+#[derive(Deserialize)]
+struct Answer {
+    data: Option<AnswerData>,
+    errors: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct AnswerData {
+    #[serde(rename = "recordView")]
+    record_view: RecordViewAnswer,
+}
+
+#[derive(Deserialize)]
+struct RecordViewAnswer {
+    counted: bool,
+    #[serde(rename = "viewCount")]
+    view_count: i64,
+}
+
 /// Sends one view and answers whether it was counted. An error is a transport failure, a non-200
 /// status, a GraphQL `errors` array, or a missing or impossible field (a view count below 1: every
 /// article has at least its warm-up view).
 pub async fn send_view(
     http: &reqwest::Client,
-    url: &str,
+    url: &Url,
     body: &'static str,
     viewer: Ipv4Addr,
 ) -> Result<bool, String> {
     let response = http
-        .post(url)
+        .post(url.clone())
         .header(CONTENT_TYPE, "application/json")
         .header(USER_AGENT, BROWSER_USER_AGENT)
         .header("x-forwarded-for", viewer.to_string())
@@ -61,26 +83,28 @@ pub async fn send_view(
         .bytes()
         .await
         .map_err(|err| format!("reading the body: {err}"))?;
+    let shown = || String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
     if status != reqwest::StatusCode::OK {
-        return Err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
-        ));
+        return Err(format!("HTTP {status}: {}", shown()));
     }
-    let json: Value =
-        serde_json::from_slice(&bytes).map_err(|err| format!("the body is not JSON: {err}"))?;
-    if let Some(errors) = json.get("errors") {
-        return Err(format!("GraphQL errors: {errors}"));
-    }
-    let payload = &json["data"]["recordView"];
-    match (payload["counted"].as_bool(), payload["viewCount"].as_i64()) {
-        (Some(counted), Some(view_count)) if view_count >= 1 => Ok(counted),
-        _ => Err(format!("malformed recordView payload: {json}")),
+    match serde_json::from_slice::<Answer>(&bytes) {
+        Ok(Answer {
+            errors: Some(_), ..
+        }) => Err(format!("GraphQL errors: {}", shown())),
+        Ok(Answer {
+            data: Some(AnswerData { record_view }),
+            ..
+        }) if record_view.view_count >= 1 => Ok(record_view.counted),
+        Ok(_) => Err(format!("malformed recordView payload: {}", shown())),
+        Err(err) => Err(format!(
+            "the body is not a recordView answer ({err}): {}",
+            shown()
+        )),
     }
 }
 
 pub struct LoadPlan {
-    pub url: String,
+    pub url: Url,
     /// One body per article, kept for the whole run so requests borrow rather than copy.
     pub bodies: &'static [String],
     pub viewers: u32,

@@ -181,7 +181,7 @@ async fn drive(
     let load = load::run(
         http,
         LoadPlan {
-            url: graphql_url.clone(),
+            url: graphql_url.parse()?,
             bodies,
             viewers: shape.viewers,
             clients: shape.clients,
@@ -305,8 +305,9 @@ async fn warm_up(
 ) -> anyhow::Result<u64> {
     let limit = Arc::new(tokio::sync::Semaphore::new(SEED_CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
+    let url: reqwest::Url = url.parse()?;
     for body in bodies {
-        let (http, url, limit) = (http.clone(), url.to_owned(), limit.clone());
+        let (http, url, limit) = (http.clone(), url.clone(), limit.clone());
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await?;
             load::send_view(&http, &url, body, WARM_UP_VIEWER)
