@@ -22,6 +22,18 @@ impl Keys {
         &self.prefix
     }
 
+    /// A prefix with a brace would put its own hash tag first in every key, sending every key to one
+    /// Redis Cluster slot; refuse it at start-up instead.
+    pub fn check_prefix(prefix: &str) -> Result<(), String> {
+        if prefix.contains(['{', '}']) {
+            Err(format!(
+                "PULSE_REDIS_PREFIX {prefix:?} must not contain braces: they would override the keys' hash tags"
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Fixed-window counter of sign-in/sign-up attempts from one client address.
     pub fn auth_attempts(&self, client: IpAddr) -> String {
         format!("{}ratelimit:auth:{{ip:{client}}}", self.prefix)
@@ -145,6 +157,12 @@ mod tests {
             );
             assert!(key.contains(&tag), "{key} is not in shard 9");
         }
+    }
+
+    #[test]
+    fn a_prefix_cannot_carry_its_own_hash_tag() {
+        assert!(Keys::check_prefix("pulse:").is_ok());
+        assert!(Keys::check_prefix("{tenant}:").is_err());
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub struct Redis {
 impl Redis {
     pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
         use anyhow::Context as _;
+        Keys::check_prefix(prefix).map_err(anyhow::Error::msg)?;
         let client = redis::Client::open(url).context("invalid REDIS_URL")?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
