@@ -1,6 +1,6 @@
 //! Schema extensions: error codes on every error, and per-operation metrics.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -12,6 +12,7 @@ use async_graphql::parser::types::ExecutableDocument;
 use async_graphql::{Response, ServerError, ServerResult, Variables};
 use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
+use metrics::{Counter, Histogram};
 
 /// Errors raised by our resolvers carry a code already. Those without one come from async-graphql
 /// itself: a document that does not parse, does not validate, is too deep or too complex, or names
@@ -58,40 +59,69 @@ impl Extension for ErrorCodes {
 /// clients cannot grow the metrics without bound by inventing names.
 const MAX_OPERATION_LABELS: usize = 200;
 
+/// The registered series of one operation label, looked up once per label rather than per request.
+struct OperationSeries {
+    ok: (Counter, Histogram),
+    error: (Counter, Histogram),
+}
+
+impl OperationSeries {
+    fn new(operation: &str) -> Self {
+        let series = |outcome: &'static str| {
+            let labels = [
+                ("operation", operation.to_owned()),
+                ("outcome", outcome.to_owned()),
+            ];
+            (
+                metrics::counter!("pulse_graphql_requests_total", &labels),
+                metrics::histogram!("pulse_graphql_request_duration_seconds", &labels),
+            )
+        };
+        Self {
+            ok: series("ok"),
+            error: series("error"),
+        }
+    }
+}
+
 /// Request count and latency by operation name and outcome.
 #[derive(Default)]
 pub struct OperationMetrics {
-    labels: Arc<Mutex<HashSet<String>>>,
+    series: Arc<Mutex<HashMap<String, Arc<OperationSeries>>>>,
+}
+
+impl OperationMetrics {
+    fn series_for(&self, name: &str) -> Arc<OperationSeries> {
+        let mut series = self.series.lock().expect("metrics lock poisoned");
+        if let Some(found) = series.get(name) {
+            return found.clone();
+        }
+        let label = if series.len() < MAX_OPERATION_LABELS {
+            name
+        } else {
+            "other"
+        };
+        series
+            .entry(label.to_owned())
+            .or_insert_with(|| Arc::new(OperationSeries::new(label)))
+            .clone()
+    }
 }
 
 impl ExtensionFactory for OperationMetrics {
     fn create(&self) -> Arc<dyn Extension> {
         Arc::new(OperationMetricsExtension {
-            labels: self.labels.clone(),
+            metrics: OperationMetrics {
+                series: self.series.clone(),
+            },
             operation: Mutex::new(None),
         })
     }
 }
 
 struct OperationMetricsExtension {
-    labels: Arc<Mutex<HashSet<String>>>,
-    operation: Mutex<Option<String>>,
-}
-
-impl OperationMetricsExtension {
-    fn label_for(&self, name: Option<&str>) -> String {
-        let Some(name) = name else {
-            return "anonymous".to_owned();
-        };
-        let mut labels = self.labels.lock().expect("metrics lock poisoned");
-        if labels.contains(name)
-            || (labels.len() < MAX_OPERATION_LABELS && labels.insert(name.to_owned()))
-        {
-            name.to_owned()
-        } else {
-            "other".to_owned()
-        }
-    }
+    metrics: OperationMetrics,
+    operation: Mutex<Option<Arc<OperationSeries>>>,
 }
 
 #[async_trait::async_trait]
@@ -99,21 +129,16 @@ impl Extension for OperationMetricsExtension {
     async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
         let started = Instant::now();
         let response = next.run(ctx).await;
-        let operation = self
-            .operation
-            .lock()
-            .expect("metrics lock poisoned")
-            .take()
-            .unwrap_or_else(|| "invalid".to_owned());
-        let outcome = if response.errors.is_empty() {
-            "ok"
+        let executed = self.operation.lock().expect("metrics lock poisoned").take();
+        // A document that never executed (it did not parse or validate) is labelled `invalid`.
+        let series = executed.unwrap_or_else(|| self.metrics.series_for("invalid"));
+        let (count, latency) = if response.errors.is_empty() {
+            &series.ok
         } else {
-            "error"
+            &series.error
         };
-        let labels = [("operation", operation), ("outcome", outcome.to_owned())];
-        metrics::counter!("pulse_graphql_requests_total", &labels).increment(1);
-        metrics::histogram!("pulse_graphql_request_duration_seconds", &labels)
-            .record(started.elapsed().as_secs_f64());
+        count.increment(1);
+        latency.record(started.elapsed().as_secs_f64());
         response
     }
 
@@ -123,8 +148,10 @@ impl Extension for OperationMetricsExtension {
         operation_name: Option<&str>,
         next: NextExecute<'_>,
     ) -> Response {
-        let label = self.label_for(operation_name);
-        *self.operation.lock().expect("metrics lock poisoned") = Some(label);
+        let series = self
+            .metrics
+            .series_for(operation_name.unwrap_or("anonymous"));
+        *self.operation.lock().expect("metrics lock poisoned") = Some(series);
         next.run(ctx, operation_name).await
     }
 }
