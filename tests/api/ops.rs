@@ -46,6 +46,31 @@ async fn metrics_count_requests_by_operation_name() {
 }
 
 #[tokio::test]
+async fn invented_operation_names_cannot_grow_the_metrics_without_bound() {
+    let app = TestApp::spawn().await;
+    for i in 0..205 {
+        let body =
+            json!({ "query": format!("query Invented{i} {{ viewer {{ id }} }}") }).to_string();
+        app.post_raw(body, None).await;
+    }
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("operation=\"other\""), "no overflow label");
+    assert!(metrics.contains("operation=\"Invented0\""));
+    assert!(
+        !metrics.contains("operation=\"Invented204\""),
+        "a label past the bound was kept"
+    );
+}
+
+#[tokio::test]
 async fn graphiql_is_served_wired_for_subscriptions() {
     let app = TestApp::spawn().await;
     let page = app.http.get(app.url("/graphql")).send().await.unwrap();
