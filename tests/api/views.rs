@@ -513,3 +513,57 @@ async fn a_clean_shutdown_flushes_what_is_pending() {
         30
     );
 }
+
+/// Two servers on one database and one Redis prefix, both flushing every 50 ms while views arrive
+/// through both.
+#[tokio::test]
+async fn two_servers_flushing_at_once_never_double_count() {
+    let config = crate::helpers::test_config(|config| {
+        config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+        config.view_flush_interval = Duration::from_millis(50);
+    })
+    .await;
+    let first = Arc::new(TestApp::start(config.clone()).await);
+    let second = Arc::new(TestApp::start(config).await);
+    let (token, _) = first.sign_up("shared").await;
+    let articles = first.publish_many(&token, "s", 8).await;
+
+    let viewers = (0..400).map(|i| {
+        let app = if i % 2 == 0 {
+            first.clone()
+        } else {
+            second.clone()
+        };
+        let article = articles[i % articles.len()].clone();
+        tokio::spawn(async move {
+            record(&app, &article, &distinct_ip(i), BROWSER).await["data"]["recordView"]["counted"]
+                == true
+        })
+    });
+    let counted = futures_util::future::join_all(viewers)
+        .await
+        .into_iter()
+        .filter(|counted| *counted.as_ref().unwrap())
+        .count();
+    assert_eq!(counted, 400);
+
+    let mut in_sql = 0;
+    for _ in 0..100 {
+        in_sql = 0;
+        for article in &articles {
+            in_sql += sql_view_count(&first, article).await;
+        }
+        if in_sql >= 400 && pending_entries(&first).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(in_sql, 400);
+    assert_eq!(pending_entries(&first).await, 0);
+    for article in &articles {
+        assert_eq!(
+            view_count(&second, article).await,
+            sql_view_count(&first, article).await
+        );
+    }
+}
