@@ -43,16 +43,32 @@ fn bearer(headers: &HeaderMap) -> Result<Option<&str>, AppError> {
     let value = value
         .to_str()
         .map_err(|_| AppError::Unauthenticated("invalid token"))?;
+    bearer_token(value).map(Some)
+}
+
+/// The token of an `Authorization` value of the form `Bearer <token>`.
+fn bearer_token(value: &str) -> Result<&str, AppError> {
     match value.split_once(' ') {
         Some((scheme, token))
             if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
         {
-            Ok(Some(token.trim()))
+            Ok(token.trim())
         }
         _ => Err(AppError::Unauthenticated(
             "expected `Authorization: Bearer <token>`",
         )),
     }
+}
+
+/// A body that is not a request this endpoint serves.
+fn malformed(status: StatusCode, message: String) -> Response {
+    transport_error(
+        status,
+        AppError::BadUserInput {
+            message,
+            field: None,
+        },
+    )
 }
 
 fn request_context(
@@ -82,50 +98,29 @@ pub async fn execute(
     let body = match body {
         Ok(body) => body,
         Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return transport_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                AppError::BadUserInput {
-                    message: format!("request body is larger than {} bytes", state.max_body_bytes),
-                    field: None,
-                },
-            );
+            let message = format!("request body is larger than {} bytes", state.max_body_bytes);
+            return malformed(StatusCode::PAYLOAD_TOO_LARGE, message);
         }
         Err(rejection) => {
             let message = format!("cannot read the request body: {rejection}");
-            return transport_error(
-                rejection.status(),
-                AppError::BadUserInput {
-                    message,
-                    field: None,
-                },
-            );
+            return malformed(rejection.status(), message);
         }
     };
-    let request = match serde_json::from_slice::<async_graphql::Request>(&body) {
+    let mut request = match serde_json::from_slice::<async_graphql::Request>(&body) {
         Ok(request) if request.query.trim().is_empty() => {
-            let message = "the request has no `query`".to_owned();
-            return transport_error(
+            return malformed(
                 StatusCode::BAD_REQUEST,
-                AppError::BadUserInput {
-                    message,
-                    field: None,
-                },
+                "the request has no `query`".to_owned(),
             );
         }
         Ok(request) => request,
+        Err(_) if body.first() == Some(&b'[') => {
+            let message = "batched requests are not supported; send one operation per request";
+            return malformed(StatusCode::BAD_REQUEST, message.to_owned());
+        }
         Err(err) => {
-            let message = if body.first() == Some(&b'[') {
-                "batched requests are not supported; send one operation per request".to_owned()
-            } else {
-                format!("the body is not a GraphQL request in JSON: {err}")
-            };
-            return transport_error(
-                StatusCode::BAD_REQUEST,
-                AppError::BadUserInput {
-                    message,
-                    field: None,
-                },
-            );
+            let message = format!("the body is not a GraphQL request in JSON: {err}");
+            return malformed(StatusCode::BAD_REQUEST, message);
         }
     };
     let context =
@@ -133,7 +128,6 @@ pub async fn execute(
             Ok(context) => context,
             Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
         };
-    let mut request = request;
     attach_request_data(&state.services, &mut request.data, context);
     let response = state.schema.execute(request).await;
     axum::Json(response).into_response()
@@ -157,12 +151,7 @@ fn init_payload_token(payload: &serde_json::Value) -> Result<Option<String>, App
     let header = header
         .as_str()
         .ok_or(AppError::Unauthenticated("invalid token"))?;
-    let mut headers = HeaderMap::new();
-    let value = header
-        .parse()
-        .map_err(|_| AppError::Unauthenticated("invalid token"))?;
-    headers.insert(header::AUTHORIZATION, value);
-    Ok(bearer(&headers)?.map(str::to_owned))
+    bearer_token(header).map(|token| Some(token.to_owned()))
 }
 
 pub async fn websocket(
