@@ -1,10 +1,12 @@
-//! One-shot commands: `migrate`, `seed-demo`, `admin`.
+//! One-shot commands: `migrate`, `seed-demo`, `rebuild`, `admin`.
 
-use sea_orm::{ActiveModelTrait, ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
+use crate::accounts::service::{Handle, find_by_handle, insert_user, set_admin};
 use crate::app::Backends;
+use crate::articles::service::insert_article;
 use crate::config::{AdminAction, Command, Config, RebuildTarget};
-use crate::entities::{articles, users};
+use crate::entities::articles;
 
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     let backends = Backends::connect(&config).await?;
@@ -34,25 +36,10 @@ const DEMO_HANDLES: [&str; 3] = ["alice", "bob", "carol"];
 async fn seed_demo(backends: &Backends) -> anyhow::Result<()> {
     let db = &backends.db;
     for (index, handle) in DEMO_HANDLES.iter().enumerate() {
-        let existing = users::Entity::find()
-            .filter(users::Column::Handle.eq(*handle))
-            .one(db)
-            .await?;
-        let user = match existing {
+        let handle = Handle::parse(handle)?;
+        let user = match find_by_handle(db, &handle).await? {
             Some(user) => user,
-            None => {
-                users::ActiveModel {
-                    handle: Set((*handle).to_owned()),
-                    password_hash: Set(
-                        crate::accounts::password::hash(DEMO_PASSWORD.to_owned()).await?
-                    ),
-                    is_admin: Set(index == 0),
-                    created_at: Set(crate::db::now()),
-                    ..Default::default()
-                }
-                .insert(db)
-                .await?
-            }
+            None => insert_user(db, &handle, DEMO_PASSWORD, index == 0).await?,
         };
         let has_articles = articles::Entity::find()
             .filter(articles::Column::AuthorId.eq(user.id))
@@ -62,22 +49,11 @@ async fn seed_demo(backends: &Backends) -> anyhow::Result<()> {
         if has_articles {
             continue;
         }
+        let handle = handle.as_str();
         for number in 1..=3 {
-            let now = crate::db::now();
-            articles::ActiveModel {
-                author_id: Set(user.id),
-                title: Set(format!("{handle}'s note #{number}")),
-                body: Set(format!(
-                    "Demo article {number} by {handle}. Open it, like it, share it."
-                )),
-                view_count: Set(0),
-                like_count: Set(0),
-                created_at: Set(now),
-                updated_at: Set(now),
-                ..Default::default()
-            }
-            .insert(db)
-            .await?;
+            let title = format!("{handle}'s note #{number}");
+            let body = format!("Demo article {number} by {handle}. Open it, like it, share it.");
+            insert_article(db, user.id, &title, &body).await?;
         }
     }
     println!(
@@ -105,18 +81,10 @@ async fn admin(backends: &Backends, action: AdminAction) -> anyhow::Result<()> {
         AdminAction::Grant { handle } => (handle, true),
         AdminAction::Revoke { handle } => (handle, false),
     };
-    let handle = crate::accounts::service::Handle::parse(handle)?;
-    let user = users::Entity::find()
-        .filter(users::Column::Handle.eq(handle.as_str()))
-        .one(&backends.db)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no user has the handle {}", handle.as_str()))?;
-    let mut active: users::ActiveModel = user.into();
-    active.is_admin = Set(is_admin);
-    active.update(&backends.db).await?;
+    let user = set_admin(&backends.db, handle, is_admin).await?;
     println!(
         "{} is {} an admin",
-        handle.as_str(),
+        user.handle,
         if is_admin { "now" } else { "no longer" }
     );
     Ok(())

@@ -35,12 +35,12 @@ struct Measured {
 }
 
 pub async fn run(args: DedupMemoryArgs) -> anyhow::Result<()> {
-    let entries = if args.smoke {
+    let entries = if args.common.smoke {
         SMOKE_ENTRIES
     } else {
         args.entries
     };
-    let (_client, mut conn) = redis_util::connect(&args.redis_url).await?;
+    let (_client, mut conn) = redis_util::connect(&args.common.redis_url).await?;
     let defaults = pulse::Config::defaults();
     let prefix = fresh_prefix(&mut conn, defaults.redis_prefix.len()).await?;
     let window = defaults.view_window;
@@ -101,11 +101,11 @@ pub async fn run(args: DedupMemoryArgs) -> anyhow::Result<()> {
             "pulse-bench dedup-memory: {} seen markers (SET NX EX {}) over {ARTICLES} articles on {}",
             thousands(measured.entries as f64),
             window.as_secs(),
-            redis_util::redacted(&args.redis_url)
+            redis_util::redacted(&args.common.redis_url)
         ),
         &rows,
     );
-    if args.json {
+    if args.common.json {
         let report = json!({
             "scenario": "dedup-memory",
             "entries": measured.entries,

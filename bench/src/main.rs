@@ -60,15 +60,8 @@ pub struct RecordViewArgs {
     /// it, else from the actual send. Unset: closed loop, as fast as possible.
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Redis the server and the ceiling run against.
-    #[arg(long, default_value = "redis://127.0.0.1:6379")]
-    pub redis_url: String,
-    /// Tiny run for CI: 2 clients, 200 requests in all, 10 articles; every check still applies.
-    #[arg(long)]
-    pub smoke: bool,
-    /// Also print the results as one JSON object.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -76,10 +69,19 @@ pub struct DedupMemoryArgs {
     /// Dedup markers to write.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..=load::MAX_VIEWERS as i64))]
     pub entries: u32,
-    /// Redis to measure.
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Flags every scenario takes.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Redis to run against (record-view: the server's and the ceiling's; dedup-memory: the one
+    /// measured).
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
-    /// Tiny run for CI: 10,000 entries.
+    /// Tiny run for CI (record-view: 2 clients, 200 requests, 10 articles, every check still
+    /// applies; dedup-memory: 10,000 entries).
     #[arg(long)]
     pub smoke: bool,
     /// Also print the results as one JSON object.

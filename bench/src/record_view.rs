@@ -44,7 +44,7 @@ impl Shape {
             );
         }
         ensure!(!args.duration.is_zero(), "--duration must be positive");
-        Ok(if args.smoke {
+        Ok(if args.common.smoke {
             Self {
                 clients: SMOKE_CLIENTS,
                 articles: SMOKE_ARTICLES,
@@ -105,12 +105,12 @@ pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
         .tcp_nodelay(true)
         .timeout(REQUEST_TIMEOUT)
         .build()?;
-    let (_client, mut redis) = redis_util::connect(&args.redis_url).await?;
+    let (_client, mut redis) = redis_util::connect(&args.common.redis_url).await?;
     // The dedup window the server will use; the same defaults and environment as the child's.
     let window = pulse::Config::defaults().view_window;
 
     eprintln!("starting {} ...", args.server_bin.display());
-    let mut server = Server::start(&args.server_bin, &args.redis_url, &http).await?;
+    let mut server = Server::start(&args.server_bin, &args.common.redis_url, &http).await?;
     let measured = drive(&shape, &http, &server, &mut redis).await;
     let stopped = server.stop().await;
     let cleaned = redis_util::delete_prefix(&mut redis, &server.redis_prefix).await;
@@ -123,7 +123,7 @@ pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
         thousands(shape.ceiling_requests as f64)
     );
     let ceiling = ceiling::measure(CeilingPlan {
-        redis_url: &args.redis_url,
+        redis_url: &args.common.redis_url,
         clients: shape.clients,
         requests: shape.ceiling_requests,
         // As many (article, viewer) pairs as the HTTP load draws from, so about as many calls
@@ -464,10 +464,10 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
         &rows,
     );
     println!("ceiling command: {}", ceiling.command_line);
-    if args.json {
+    if args.common.json {
         let report = json!({
             "scenario": "record-view",
-            "smoke": args.smoke,
+            "smoke": args.common.smoke,
             "clients": shape.clients,
             "articles": shape.articles,
             "viewers": shape.viewers,

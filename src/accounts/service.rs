@@ -102,22 +102,7 @@ impl AccountService {
         let handle = Handle::parse(handle)?;
         check_password(password)?;
         self.throttle(client).await?;
-        let password_hash = password::hash(password.to_owned()).await?;
-        let user = users::ActiveModel {
-            handle: Set(handle.as_str().to_owned()),
-            password_hash: Set(password_hash),
-            is_admin: Set(false),
-            created_at: Set(crate::db::now()),
-            ..Default::default()
-        }
-        .insert(&self.db)
-        .await
-        .map_err(|err| match err.sql_err() {
-            Some(SqlErr::UniqueConstraintViolation(_)) => {
-                AppError::bad_input("handle", "that handle is taken")
-            }
-            _ => err.into(),
-        })?;
+        let user = insert_user(&self.db, &handle, password, false).await?;
         tracing::info!(user.id = user.id, "user signed up");
         Ok(Session {
             token: self.tokens.issue(user.id)?,
@@ -174,10 +159,7 @@ impl AccountService {
     }
 
     pub async fn by_handle(&self, handle: &Handle) -> AppResult<Option<users::Model>> {
-        Ok(users::Entity::find()
-            .filter(users::Column::Handle.eq(handle.as_str()))
-            .one(&self.db)
-            .await?)
+        find_by_handle(&self.db, handle).await
     }
 
     pub async fn by_id(&self, id: i64) -> AppResult<Option<users::Model>> {
@@ -204,15 +186,60 @@ impl AccountService {
 
     /// Grants or revokes the admin role; `NOT_FOUND` when no such user exists.
     pub async fn set_admin(&self, handle: &str, is_admin: bool) -> AppResult<users::Model> {
-        let handle = Handle::parse(handle)?;
-        let user = self
-            .by_handle(&handle)
-            .await?
-            .ok_or(AppError::NotFound("user"))?;
-        let mut active: users::ActiveModel = user.into();
-        active.is_admin = Set(is_admin);
-        Ok(active.update(&self.db).await?)
+        set_admin(&self.db, handle, is_admin).await
     }
+}
+
+/// Creates a user with `password` hashed; a taken handle is `BAD_USER_INPUT`. Shared by sign-up and
+/// the demo seed.
+pub async fn insert_user(
+    db: &DatabaseConnection,
+    handle: &Handle,
+    password: &str,
+    is_admin: bool,
+) -> AppResult<users::Model> {
+    let password_hash = password::hash(password.to_owned()).await?;
+    users::ActiveModel {
+        handle: Set(handle.as_str().to_owned()),
+        password_hash: Set(password_hash),
+        is_admin: Set(is_admin),
+        created_at: Set(crate::db::now()),
+        ..Default::default()
+    }
+    .insert(db)
+    .await
+    .map_err(|err| match err.sql_err() {
+        Some(SqlErr::UniqueConstraintViolation(_)) => {
+            AppError::bad_input("handle", "that handle is taken")
+        }
+        _ => err.into(),
+    })
+}
+
+pub async fn find_by_handle(
+    db: &DatabaseConnection,
+    handle: &Handle,
+) -> AppResult<Option<users::Model>> {
+    Ok(users::Entity::find()
+        .filter(users::Column::Handle.eq(handle.as_str()))
+        .one(db)
+        .await?)
+}
+
+/// Grants or revokes the admin role; `NOT_FOUND` when no such user exists. Shared by the API's
+/// service, `PULSE_ADMINS` and `pulse admin`.
+pub async fn set_admin(
+    db: &DatabaseConnection,
+    handle: &str,
+    is_admin: bool,
+) -> AppResult<users::Model> {
+    let handle = Handle::parse(handle)?;
+    let user = find_by_handle(db, &handle)
+        .await?
+        .ok_or(AppError::NotFound("user"))?;
+    let mut active: users::ActiveModel = user.into();
+    active.is_admin = Set(is_admin);
+    Ok(active.update(db).await?)
 }
 
 #[cfg(test)]

@@ -41,6 +41,36 @@ fn parse_body(raw: &str) -> AppResult<String> {
     Ok(raw.to_owned())
 }
 
+/// Validates and stores a new article (without announcing it). Shared by `publishArticle` and the
+/// demo seed.
+pub async fn insert_article(
+    db: &DatabaseConnection,
+    author_id: i64,
+    title: &str,
+    body: &str,
+) -> AppResult<articles::Model> {
+    let (title, body) = (parse_title(title)?, parse_body(body)?);
+    let now = crate::db::now();
+    articles::ActiveModel {
+        author_id: Set(author_id),
+        title: Set(title),
+        body: Set(body),
+        view_count: Set(0),
+        like_count: Set(0),
+        created_at: Set(now),
+        updated_at: Set(now),
+        ..Default::default()
+    }
+    .insert(db)
+    .await
+    .map_err(|err| match err.sql_err() {
+        Some(SqlErr::ForeignKeyConstraintViolation(_)) => {
+            AppError::Unauthenticated("the signed-in user no longer exists")
+        }
+        _ => err.into(),
+    })
+}
+
 /// The fields an edit may change; `None` leaves a field as it is.
 #[derive(Debug, Default)]
 pub struct ArticleChanges {
@@ -67,26 +97,7 @@ impl ArticleService {
         title: &str,
         body: &str,
     ) -> AppResult<articles::Model> {
-        let (title, body) = (parse_title(title)?, parse_body(body)?);
-        let now = crate::db::now();
-        let article = articles::ActiveModel {
-            author_id: Set(author_id),
-            title: Set(title),
-            body: Set(body),
-            view_count: Set(0),
-            like_count: Set(0),
-            created_at: Set(now),
-            updated_at: Set(now),
-            ..Default::default()
-        }
-        .insert(&self.db)
-        .await
-        .map_err(|err| match err.sql_err() {
-            Some(SqlErr::ForeignKeyConstraintViolation(_)) => {
-                AppError::Unauthenticated("the signed-in user no longer exists")
-            }
-            _ => err.into(),
-        })?;
+        let article = insert_article(&self.db, author_id, title, body).await?;
         self.announce(&article).await;
         Ok(article)
     }

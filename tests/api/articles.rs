@@ -5,13 +5,9 @@ use pulse::graphql::ids::{self, NodeType};
 use sea_orm::{ConnectionTrait, Statement};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, error_code};
+use crate::helpers::{TestApp, article_row, error_code};
 
 const EDIT: &str = "mutation($id: ID!, $title: String) { editArticle(id: $id, input: { title: $title }) { id title viewCount } }";
-
-fn row_id(global: &str) -> i64 {
-    ids::decode(&global.to_owned().into(), NodeType::Article, "id").unwrap()
-}
 
 #[tokio::test]
 async fn publishing_needs_a_signed_in_user() {
@@ -109,14 +105,7 @@ async fn invalid_article_input_is_bad_user_input_and_writes_nothing() {
         .graphql_as(Some(&token), EDIT, json!({ "id": id }))
         .await;
     assert_eq!(error_code(&nothing), "BAD_USER_INPUT");
-    let article = app
-        .state
-        .services
-        .articles
-        .get(row_id(&id))
-        .await
-        .unwrap()
-        .unwrap();
+    let article = app.stored_article(&id).await;
     assert_eq!(article.title, "original");
 }
 
@@ -148,14 +137,7 @@ async fn editing_someone_elses_article_is_forbidden_and_changes_nothing() {
         .await;
     assert_eq!(error_code(&missing), "NOT_FOUND");
 
-    let article = app
-        .state
-        .services
-        .articles
-        .get(row_id(&id))
-        .await
-        .unwrap()
-        .unwrap();
+    let article = app.stored_article(&id).await;
     assert_eq!(article.title, "mine");
 
     let own = app
@@ -174,7 +156,7 @@ async fn editing_leaves_a_concurrently_changed_view_count_intact() {
     let app = Arc::new(TestApp::spawn().await);
     let (token, _) = app.sign_up("pat").await;
     let id = app.publish(&token, "counted").await;
-    let row = row_id(&id);
+    let row = article_row(&id);
     const INCREMENTS: i64 = 150;
     const EDITS: usize = 60;
 
@@ -231,7 +213,7 @@ async fn walk_all_pages(app: &TestApp, page_size: usize) -> Vec<i64> {
         seen.extend(
             edges
                 .iter()
-                .map(|edge| row_id(edge["node"]["id"].as_str().unwrap())),
+                .map(|edge| article_row(edge["node"]["id"].as_str().unwrap())),
         );
         if connection["pageInfo"]["hasNextPage"] != Value::Bool(true) {
             return seen;
@@ -250,7 +232,7 @@ async fn keyset_pagination_returns_every_article_once_while_others_insert() {
         .publish_many(&token, "before ", 90)
         .await
         .iter()
-        .map(|id| row_id(id))
+        .map(|id| article_row(id))
         .collect();
 
     let writers = (0..4).map(|w| {

@@ -207,15 +207,7 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
     .await;
     let mut in_sql = 0;
     for _ in 0..200 {
-        in_sql = restarted
-            .state
-            .services
-            .articles
-            .get(row)
-            .await
-            .unwrap()
-            .unwrap()
-            .view_count;
+        in_sql = restarted.stored_article(&article).await.view_count;
         if in_sql >= VIEWS as i64 && batches_in_flight(&restarted.config).await == 0 {
             break;
         }
@@ -237,15 +229,7 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
         .await;
     assert_eq!(response["data"]["article"]["viewCount"], VIEWS as i64);
     assert_eq!(
-        restarted
-            .state
-            .services
-            .articles
-            .get(row)
-            .await
-            .unwrap()
-            .unwrap()
-            .view_count,
+        restarted.stored_article(&article).await.view_count,
         VIEWS as i64
     );
 }

@@ -205,6 +205,16 @@ impl TestApp {
         ids
     }
 
+    pub async fn stored_article(&self, global: &str) -> pulse::entities::articles::Model {
+        stored_article(&self.state, global).await
+    }
+
+    /// The text of `GET /metrics`.
+    pub async fn metrics(&self) -> String {
+        let response = self.http.get(self.url("/metrics")).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
     pub async fn count(&self, table: &str) -> i64 {
         let row = self
             .state
@@ -218,6 +228,28 @@ impl TestApp {
             .unwrap();
         row.try_get::<i64>("", "n").unwrap()
     }
+}
+
+/// The row id behind an article's global id.
+pub fn article_row(global: &str) -> i64 {
+    pulse::graphql::ids::decode(
+        &global.to_owned().into(),
+        pulse::graphql::ids::NodeType::Article,
+        "id",
+    )
+    .unwrap()
+}
+
+/// An article as SQL holds it, by global id.
+pub async fn stored_article(state: &AppState, global: &str) -> pulse::entities::articles::Model {
+    let row = article_row(global);
+    state
+        .services
+        .articles
+        .get(row)
+        .await
+        .unwrap()
+        .expect("the article exists")
 }
 
 /// The `extensions.code` of a response's first error.

@@ -23,15 +23,7 @@ async fn metrics_count_requests_by_operation_name() {
         json!({ "query": "query LatestArticlesForMetrics { articles { edges { cursor } } }" })
             .to_string();
     app.post_raw(body, None).await;
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     let line = metrics
         .lines()
         .find(|line| {
@@ -53,15 +45,7 @@ async fn invented_operation_names_cannot_grow_the_metrics_without_bound() {
             json!({ "query": format!("query Invented{i} {{ viewer {{ id }} }}") }).to_string();
         app.post_raw(body, None).await;
     }
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(metrics.contains("operation=\"other\""), "no overflow label");
     assert!(metrics.contains("operation=\"Invented0\""));
     assert!(

@@ -5,7 +5,7 @@ use pulse::graphql::ids::{self, NodeType};
 use pulse::views::ViewFlusher;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, error_code};
+use crate::helpers::{TestApp, error_code, stored_article};
 
 const RECORD: &str = "mutation($a: ID!) { recordView(articleId: $a) { counted skipReason viewCount article { id } } }";
 const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
@@ -40,15 +40,7 @@ async fn view_count(app: &TestApp, article: &str) -> i64 {
 }
 
 async fn sql_view_count(app: &TestApp, article: &str) -> i64 {
-    let id = ids::decode(&article.to_owned().into(), NodeType::Article, "id").unwrap();
-    app.state
-        .services
-        .articles
-        .get(id)
-        .await
-        .unwrap()
-        .unwrap()
-        .view_count
+    app.stored_article(article).await.view_count
 }
 
 fn flusher(app: &TestApp) -> ViewFlusher {
@@ -88,6 +80,24 @@ async fn concurrent_views(
         }
     }
     counted
+}
+
+/// `views` concurrent views by distinct viewers, view `i` of article `i % articles` sent to app
+/// `i % apps`; returns how many were counted.
+async fn spread_views(apps: &[Arc<TestApp>], articles: &[String], views: usize) -> usize {
+    let calls = (0..views).map(|i| {
+        let app = apps[i % apps.len()].clone();
+        let article = articles[i % articles.len()].clone();
+        tokio::spawn(async move {
+            let response = record(&app, &article, &distinct_ip(i), BROWSER).await;
+            response["data"]["recordView"]["counted"] == true
+        })
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    answers
+        .into_iter()
+        .filter(|counted| *counted.as_ref().unwrap())
+        .count()
 }
 
 fn distinct_ip(i: usize) -> String {
@@ -318,18 +328,7 @@ async fn concurrent_flushers_never_double_count() {
             })
         })
         .collect();
-    let viewers = (0..600).map(|i| {
-        let (app, article) = (app.clone(), articles[i % articles.len()].clone());
-        tokio::spawn(async move {
-            record(&app, &article, &distinct_ip(i), BROWSER).await["data"]["recordView"]["counted"]
-                == true
-        })
-    });
-    let counted = futures_util::future::join_all(viewers)
-        .await
-        .into_iter()
-        .filter(|c| *c.as_ref().unwrap())
-        .count();
+    let counted = spread_views(std::slice::from_ref(&app), &articles, 600).await;
     stop.cancel();
     for flusher in flushers {
         flusher.await.unwrap();
@@ -500,18 +499,7 @@ async fn a_clean_shutdown_flushes_what_is_pending() {
         .expect("the viewers are done with the app");
     app.stop().await.unwrap();
 
-    let id = ids::decode(&article.into(), NodeType::Article, "id").unwrap();
-    assert_eq!(
-        state
-            .services
-            .articles
-            .get(id)
-            .await
-            .unwrap()
-            .unwrap()
-            .view_count,
-        30
-    );
+    assert_eq!(stored_article(&state, &article).await.view_count, 30);
 }
 
 /// Two servers on one database and one Redis prefix, both flushing every 50 ms while views arrive
@@ -528,23 +516,7 @@ async fn two_servers_flushing_at_once_never_double_count() {
     let (token, _) = first.sign_up("shared").await;
     let articles = first.publish_many(&token, "s", 8).await;
 
-    let viewers = (0..400).map(|i| {
-        let app = if i % 2 == 0 {
-            first.clone()
-        } else {
-            second.clone()
-        };
-        let article = articles[i % articles.len()].clone();
-        tokio::spawn(async move {
-            record(&app, &article, &distinct_ip(i), BROWSER).await["data"]["recordView"]["counted"]
-                == true
-        })
-    });
-    let counted = futures_util::future::join_all(viewers)
-        .await
-        .into_iter()
-        .filter(|counted| *counted.as_ref().unwrap())
-        .count();
+    let counted = spread_views(&[first.clone(), second.clone()], &articles, 400).await;
     assert_eq!(counted, 400);
 
     let mut in_sql = 0;
