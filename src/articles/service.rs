@@ -116,6 +116,9 @@ impl ArticleService {
             .query_async::<i64>(&mut conn)
             .await;
         if let Err(err) = published {
+            // Until publishing goes through a durable outbox (the feed), an announcement that Redis
+            // could not take is gone; the counter lets operators see how many were.
+            metrics::counter!("pulse_article_announcements_lost_total").increment(1);
             tracing::warn!(error = %err, article.id = article.id, "article published but not announced");
         }
     }

@@ -241,3 +241,42 @@ async fn losing_redis_makes_the_hot_path_unavailable_not_broken() {
     assert_eq!(body["redis"], "unreachable");
     assert_eq!(body["sql"], "ok");
 }
+
+/// The value of an unlabelled counter in a `/metrics` text, 0 when it was never incremented.
+fn counter_value(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcement_counted() {
+    let dir = std::env::temp_dir().join(format!("pulse-lost-announce-{}", rand::random::<u32>()));
+    let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
+        .await
+        .expect("redis-server is installed on test machines");
+    let url = private.url().to_owned();
+    let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
+    let (token, _) = app.sign_up("announcer").await;
+    let lost_before = counter_value(
+        &app.metrics().await,
+        "pulse_article_announcements_lost_total",
+    );
+
+    private.stop().await;
+    let article = app.publish(&token, "committed without Redis").await;
+
+    assert_eq!(
+        app.stored_article(&article).await.title,
+        "committed without Redis"
+    );
+    let lost_after = counter_value(
+        &app.metrics().await,
+        "pulse_article_announcements_lost_total",
+    );
+    assert!(
+        lost_after >= lost_before + 1.0,
+        "the lost announcement was not counted: {lost_before} -> {lost_after}"
+    );
+}
