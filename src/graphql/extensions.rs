@@ -128,11 +128,12 @@ impl OperationMetrics {
         if let Some(found) = series.get(name) {
             return found.clone();
         }
-        let label = if series.len() < MAX_OPERATION_LABELS && name.len() <= MAX_OPERATION_LABEL_BYTES {
-            name
-        } else {
-            "other"
-        };
+        let label =
+            if series.len() < MAX_OPERATION_LABELS && name.len() <= MAX_OPERATION_LABEL_BYTES {
+                name
+            } else {
+                "other"
+            };
         series
             .entry(label.to_owned())
             .or_insert_with(|| Arc::new(OperationSeries::new(label)))

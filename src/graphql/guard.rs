@@ -181,7 +181,9 @@ impl<'a> Part<'a> {
         self.spreads
             .iter()
             .filter_map(|name| expanded.get(name))
-            .fold(self.own, |size, fragment| size.saturating_add(fragment.size))
+            .fold(self.own, |size, fragment| {
+                size.saturating_add(fragment.size)
+            })
     }
 }
 
@@ -216,7 +218,9 @@ struct Expanded {
 
 /// Every fragment's expanded size, each computed once from those of the fragments it spreads, in a
 /// depth-first walk over an explicit stack (a chain of spreads can be as long as the document).
-fn expand<'a>(fragments: &HashMap<&'a str, Part<'a>>) -> Result<HashMap<&'a str, Expanded>, Refusal> {
+fn expand<'a>(
+    fragments: &HashMap<&'a str, Part<'a>>,
+) -> Result<HashMap<&'a str, Expanded>, Refusal> {
     let mut expanded: HashMap<&str, Expanded> = HashMap::with_capacity(fragments.len());
     let mut on_path: HashSet<&str> = HashSet::new();
     for (&root, _) in fragments {
@@ -374,7 +378,10 @@ mod tests {
             Err(Refusal::SpreadCycle("A".into()))
         );
         let refusal = size("{ ...A } fragment A on Q { ...B } fragment B on Q { x ...A }");
-        assert!(matches!(refusal, Err(Refusal::SpreadCycle(_))), "{refusal:?}");
+        assert!(
+            matches!(refusal, Err(Refusal::SpreadCycle(_))),
+            "{refusal:?}"
+        );
     }
 
     #[test]
