@@ -190,9 +190,10 @@ impl Extension for OperationMetricsExtension {
 }
 
 /// Refuses, with `BAD_USER_INPUT`, documents nested too deep to parse safely and documents too
-/// large once their fragments are spread (see [`guard`]). It runs when the request is prepared: the
-/// nesting scan must come before any parse, and the expansion check before async-graphql's own
-/// post-parse checks, which walk every spread (a 30-level fragment bomb kept them busy for minutes).
+/// large once their fragments are spread (see [`guard`]). It runs when the request is prepared, not
+/// in `parse_query`: the nesting scan must come before any parse, and the expansion check before
+/// async-graphql's own post-parse checks, which run inside `parse_query` and, like validation, walk
+/// every spread as if the fragment were written out.
 pub struct DocumentGuard {
     /// Nodes the operations of one document may select once spreads are expanded.
     max_expanded: usize,
@@ -200,7 +201,8 @@ pub struct DocumentGuard {
 
 impl DocumentGuard {
     /// Allows a few times the complexity limit, which counts every field of a query at least once:
-    /// any document that can pass validation fits, and validating one stays cheap.
+    /// queries that pass validation fit with room for their arguments and directives, and
+    /// validating what fits stays cheap.
     pub fn new(max_complexity: usize) -> Self {
         Self {
             max_expanded: max_complexity.saturating_mul(4),

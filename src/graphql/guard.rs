@@ -223,7 +223,7 @@ fn expand<'a>(
 ) -> Result<HashMap<&'a str, Expanded>, Refusal> {
     let mut expanded: HashMap<&str, Expanded> = HashMap::with_capacity(fragments.len());
     let mut on_path: HashSet<&str> = HashSet::new();
-    for (&root, _) in fragments {
+    for &root in fragments.keys() {
         if expanded.contains_key(root) {
             continue;
         }
