@@ -21,6 +21,9 @@ pub enum AppError {
     },
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
+    /// Stands last in a response in place of the errors past the cap.
+    #[error("{omitted} more errors omitted")]
+    ErrorsOmitted { omitted: usize },
     #[error("database error: {0}")]
     Database(#[from] sea_orm::DbErr),
     #[error("redis error: {0}")]
@@ -46,6 +49,7 @@ impl AppError {
             Self::NotFound(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::ErrorsOmitted { .. } => "ERRORS_OMITTED",
             Self::Database(err) if is_connection_error(err) => "UNAVAILABLE",
             Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
@@ -92,10 +96,28 @@ impl ErrorExtensions for AppError {
                 Self::RateLimited {
                     retry_after_seconds,
                 } => ext.set("retryAfterSeconds", *retry_after_seconds),
+                Self::ErrorsOmitted { omitted } => ext.set("omitted", *omitted),
                 _ => {}
             }
         })
     }
+}
+
+/// Longest error message sent to a client. Messages that echo client text (an operation or fragment
+/// name, a value) are cut here, so a request cannot have its own bulk sent back.
+pub const MAX_MESSAGE_BYTES: usize = 512;
+
+/// Cuts `message` to at most [`MAX_MESSAGE_BYTES`] (on a character boundary), marking the cut.
+pub fn shorten_message(message: &mut String) {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return;
+    }
+    let mut cut = MAX_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    message.truncate(cut);
+    message.push('…');
 }
 
 /// Lets resolvers write `service_call().await.gql()?`.
@@ -106,5 +128,25 @@ pub trait GqlResultExt<T> {
 impl<T> GqlResultExt<T> for AppResult<T> {
     fn gql(self) -> async_graphql::Result<T> {
         self.map_err(|err| err.extend())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_messages_are_left_alone() {
+        let mut message = "x".repeat(MAX_MESSAGE_BYTES);
+        shorten_message(&mut message);
+        assert_eq!(message, "x".repeat(MAX_MESSAGE_BYTES));
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let mut message = "é".repeat(MAX_MESSAGE_BYTES);
+        shorten_message(&mut message);
+        assert!(message.len() <= MAX_MESSAGE_BYTES, "{}", message.len());
+        assert!(message.ends_with("é…"), "{message}");
     }
 }

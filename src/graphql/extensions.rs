@@ -1,29 +1,58 @@
-//! Schema extensions: error codes on every error, and per-operation metrics.
+//! Schema extensions: error codes on every error, per-operation metrics, the document guard and the
+//! parsed-document cache.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_graphql::extensions::{
-    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextRequest,
+    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
     NextSubscribe,
 };
 use async_graphql::parser::types::ExecutableDocument;
-use async_graphql::{Response, ServerError, ServerResult, Variables};
+use async_graphql::{ErrorExtensions, Request, Response, ServerError, ServerResult};
 use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
 use metrics::{Counter, Histogram};
 
+use super::guard;
+use crate::error::{AppError, shorten_message};
+
 /// Errors raised by our resolvers carry a code already. Those without one come from async-graphql
 /// itself: a document that does not parse, does not validate, is too deep or too complex, or names
 /// an operation it does not contain. All of those are the client's to fix.
+///
+/// A response also carries at most [`MAX_ERRORS`] errors, with messages cut to a bounded length: a
+/// document can fail validation once per token (5,000 duplicate directives made a 1.3 MB answer),
+/// and messages echo names and values the client sent.
 pub struct ErrorCodes;
 
 const CLIENT_QUERY_ERROR: &str = "BAD_USER_INPUT";
 
+/// Errors sent per response; one more error says how many were left out.
+const MAX_ERRORS: usize = 20;
+
 fn with_codes(mut response: Response) -> Response {
-    response.errors.iter_mut().for_each(ensure_code);
+    if response.errors.len() > MAX_ERRORS {
+        let omitted = response.errors.len() - MAX_ERRORS;
+        response.errors.truncate(MAX_ERRORS);
+        response
+            .errors
+            .push(without_location(AppError::ErrorsOmitted { omitted }));
+    }
+    for error in &mut response.errors {
+        ensure_code(error);
+        shorten_message(&mut error.message);
+    }
     response
+}
+
+/// An error about the request as a whole, which no position in the document points to.
+fn without_location(error: AppError) -> ServerError {
+    let error = error.extend();
+    let mut server_error = ServerError::new(error.message, None);
+    server_error.extensions = error.extensions;
+    server_error
 }
 
 fn ensure_code(error: &mut ServerError) {
@@ -58,6 +87,9 @@ impl Extension for ErrorCodes {
 /// Distinct operation names kept as metric labels; names past this share the label `other`, so
 /// clients cannot grow the metrics without bound by inventing names.
 const MAX_OPERATION_LABELS: usize = 200;
+/// Longest operation name kept as a label. Longer names share the label `other` too: every scrape
+/// repeats a label once per series and bucket, so 200 names of 250 KB made each scrape 1.7 GB.
+const MAX_OPERATION_LABEL_BYTES: usize = 64;
 
 /// The registered series of one operation label, looked up once per label rather than per request.
 struct OperationSeries {
@@ -96,11 +128,12 @@ impl OperationMetrics {
         if let Some(found) = series.get(name) {
             return found.clone();
         }
-        let label = if series.len() < MAX_OPERATION_LABELS {
-            name
-        } else {
-            "other"
-        };
+        let label =
+            if series.len() < MAX_OPERATION_LABELS && name.len() <= MAX_OPERATION_LABEL_BYTES {
+                name
+            } else {
+                "other"
+            };
         series
             .entry(label.to_owned())
             .or_insert_with(|| Arc::new(OperationSeries::new(label)))
@@ -156,6 +189,57 @@ impl Extension for OperationMetricsExtension {
     }
 }
 
+/// Refuses, with `BAD_USER_INPUT`, documents nested too deep to parse safely and documents too
+/// large once their fragments are spread (see [`guard`]). It runs when the request is prepared, not
+/// in `parse_query`: the nesting scan must come before any parse, and the expansion check before
+/// async-graphql's own post-parse checks, which run inside `parse_query` and, like validation, walk
+/// every spread as if the fragment were written out.
+pub struct DocumentGuard {
+    /// Nodes the operations of one document may select once spreads are expanded.
+    max_expanded: usize,
+}
+
+impl DocumentGuard {
+    /// Allows a few times the complexity limit, which counts every field of a query at least once:
+    /// queries that pass validation fit with room for their arguments and directives, and
+    /// validating what fits stays cheap.
+    pub fn new(max_complexity: usize) -> Self {
+        Self {
+            max_expanded: max_complexity.saturating_mul(4),
+        }
+    }
+}
+
+impl ExtensionFactory for DocumentGuard {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(DocumentGuard {
+            max_expanded: self.max_expanded,
+        })
+    }
+}
+
+fn refused(refusal: guard::Refusal) -> ServerError {
+    without_location(AppError::BadUserInput {
+        message: refusal.to_string(),
+        field: None,
+    })
+}
+
+#[async_trait::async_trait]
+impl Extension for DocumentGuard {
+    async fn prepare_request(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        mut request: Request,
+        next: NextPrepareRequest<'_>,
+    ) -> ServerResult<Request> {
+        guard::check_nesting(&request.query).map_err(refused)?;
+        let document = request.parsed_query()?;
+        guard::check_expansion(document, self.max_expanded).map_err(refused)?;
+        next.run(ctx, request).await
+    }
+}
+
 /// Documents kept parsed; past this the cache starts over (the operations in use come back at once).
 const MAX_CACHED_DOCUMENTS: usize = 512;
 /// Longer documents are parsed every time, so the cache's memory stays bounded.
@@ -163,7 +247,9 @@ const MAX_CACHED_QUERY_BYTES: usize = 8 * 1024;
 
 /// Parsed documents by query text. Clients send the same few operations again and again, and
 /// parsing was about a tenth of the CPU of a `recordView` request; cloning a parsed document costs a
-/// fraction of that. Only documents that parsed are kept; validation still runs on every request.
+/// fraction of that. It must come before [`DocumentGuard`], which parses what it is not handed: a
+/// document is kept only once the guard passed it, and the guard checks a cached one again (cheaply,
+/// without parsing). async-graphql's own checks and validation still run on every request.
 #[derive(Default)]
 pub struct DocumentCache {
     documents: Arc<Mutex<HashMap<String, ExecutableDocument>>>,
@@ -179,30 +265,32 @@ impl ExtensionFactory for DocumentCache {
 
 #[async_trait::async_trait]
 impl Extension for DocumentCache {
-    async fn parse_query(
+    async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
-        query: &str,
-        variables: &Variables,
-        next: NextParseQuery<'_>,
-    ) -> ServerResult<ExecutableDocument> {
-        if query.len() > MAX_CACHED_QUERY_BYTES {
-            return next.run(ctx, query, variables).await;
+        mut request: Request,
+        next: NextPrepareRequest<'_>,
+    ) -> ServerResult<Request> {
+        if request.query.len() > MAX_CACHED_QUERY_BYTES {
+            return next.run(ctx, request).await;
         }
-        if let Some(document) = self
+        let cached = self
             .documents
             .lock()
             .expect("cache lock poisoned")
-            .get(query)
-        {
-            return Ok(document.clone());
+            .get(&request.query)
+            .cloned();
+        if let Some(document) = cached {
+            request.set_parsed_query(document);
+            return next.run(ctx, request).await;
         }
-        let document = next.run(ctx, query, variables).await?;
+        let mut request = next.run(ctx, request).await?;
+        let document = request.parsed_query()?.clone();
         let mut documents = self.documents.lock().expect("cache lock poisoned");
         if documents.len() >= MAX_CACHED_DOCUMENTS {
             documents.clear();
         }
-        documents.insert(query.to_owned(), document.clone());
-        Ok(document)
+        documents.insert(request.query.clone(), document);
+        Ok(request)
     }
 }

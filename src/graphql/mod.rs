@@ -2,6 +2,7 @@
 
 pub mod context;
 pub mod extensions;
+pub mod guard;
 pub mod ids;
 pub mod loaders;
 pub mod node;

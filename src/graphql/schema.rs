@@ -3,7 +3,7 @@ use std::sync::Arc;
 use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
 
 use super::RequestContext;
-use super::extensions::{DocumentCache, ErrorCodes, OperationMetrics};
+use super::extensions::{DocumentCache, DocumentGuard, ErrorCodes, OperationMetrics};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
 use crate::accounts::AccountService;
@@ -60,12 +60,16 @@ pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscripti
     )
     .limit_depth(limits.max_depth)
     .limit_complexity(limits.max_complexity)
-    // Bounds the parser's recursion too, so a deeply nested document fails before it is walked.
+    // Bounds async-graphql's walks through nested selections and spreads after parsing; the parser's
+    // own recursion is bounded by `DocumentGuard`'s scan.
     .limit_recursive_depth(limits.max_depth.saturating_mul(2).max(32))
     .limit_directives(16)
     .extension(ErrorCodes)
     .extension(OperationMetrics::default())
-    .extension(DocumentCache::default());
+    // In this order: a cached document skips the parse, a new one is parsed only after the guard's
+    // scan, and only a document the guard passed is cached.
+    .extension(DocumentCache::default())
+    .extension(DocumentGuard::new(limits.max_complexity));
     if limits.introspection {
         builder
     } else {

@@ -13,7 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
 use super::HttpState;
-use crate::error::AppError;
+use crate::error::{AppError, shorten_message};
 use crate::graphql::RequestContext;
 use crate::graphql::schema::attach_request_data;
 
@@ -60,8 +60,9 @@ fn bearer_token(value: &str) -> Result<&str, AppError> {
     }
 }
 
-/// A body that is not a request this endpoint serves.
-fn malformed(status: StatusCode, message: String) -> Response {
+/// A body that is not a request this endpoint serves. The JSON parser's message can quote the body.
+fn malformed(status: StatusCode, mut message: String) -> Response {
+    shorten_message(&mut message);
     transport_error(
         status,
         AppError::BadUserInput {

@@ -1,8 +1,9 @@
 //! Hostile and broken requests get a clear error, and the server goes on serving.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, error_code};
+use crate::subscriptions::{connect, next_message, send};
 
 async fn still_serves(app: &TestApp) {
     let response = app
@@ -119,4 +120,266 @@ async fn introspection_can_be_turned_off() {
         .await;
     assert!(type_query["data"]["__type"].is_null(), "{type_query}");
     still_serves(&closed).await;
+}
+
+/// `levels` copies of `open`, then `inner`, then as many `close`s.
+fn nested(open: &str, inner: &str, close: &str, levels: usize) -> String {
+    format!("{}{inner}{}", open.repeat(levels), close.repeat(levels))
+}
+
+fn assert_refused_as_too_deep(response: &Value) {
+    assert_eq!(error_code(response), "BAD_USER_INPUT", "{response}");
+    let message = response["errors"][0]["message"].as_str().unwrap();
+    assert!(message.contains("more than 64 levels"), "{message}");
+}
+
+/// This process's resident memory in KiB; the server under test runs in it.
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+#[tokio::test]
+async fn a_list_argument_nested_three_thousand_deep_is_refused() {
+    let app = TestApp::spawn().await;
+    let query = format!("{{article(id:{}){{id}}}}", nested("[", "1", "]", 3_000));
+    assert_refused_as_too_deep(&app.graphql(&query, json!({})).await);
+    still_serves(&app).await;
+}
+
+#[tokio::test]
+async fn objects_nested_fifteen_hundred_deep_are_refused_wherever_values_go() {
+    let app = TestApp::spawn().await;
+    let object = nested("{a:", "1", "}", 1_500);
+    for query in [
+        format!("{{article(id:{object}){{id}}}}"),
+        format!("query($v: ID = {object}) {{ article(id: $v) {{ id }} }}"),
+        format!("{{ viewer @include(if: {object}) {{ id }} }}"),
+    ] {
+        assert_refused_as_too_deep(&app.graphql(&query, json!({})).await);
+    }
+    still_serves(&app).await;
+}
+
+#[tokio::test]
+async fn hostile_documents_over_a_websocket_are_refused_like_over_http() {
+    let app = TestApp::spawn().await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    let object = nested("{a:", "1", "}", 1_500);
+    let deep = format!("subscription {{ articlePublished @include(if: {object}) {{ title }} }}");
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": { "query": deep } }),
+    )
+    .await;
+    let answer = next_message(&mut socket).await.expect("an answer");
+    assert_eq!(answer["id"], "1", "{answer}");
+    assert_refused_as_too_deep(&answer["payload"]);
+
+    let directives = "@include(if: true) ".repeat(5_000);
+    let noisy = format!("subscription {{ ... {directives} {{ articlePublished {{ title }} }} }}");
+    send(
+        &mut socket,
+        json!({ "id": "2", "type": "subscribe", "payload": { "query": noisy } }),
+    )
+    .await;
+    let answer = loop {
+        let message = next_message(&mut socket).await.expect("an answer");
+        if message["type"] != "complete" {
+            break message;
+        }
+    };
+    assert_eq!(answer["id"], "2", "{answer}");
+    assert_errors_capped(&answer["payload"]);
+    still_serves(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deepest_accepted_documents_parse_and_validate_on_worker_threads() {
+    let app = TestApp::spawn().await;
+    // Each document nests exactly 64 levels: the query's braces and an argument's parentheses count.
+    for query in [
+        format!("{{article(id:{}){{id}}}}", nested("[", "1", "]", 62)),
+        format!("{{article(id:{}){{id}}}}", nested("{a:", "1", "}", 62)),
+        format!(
+            "query($v: ID = {}) {{ article(id: $v) {{ id }} }}",
+            nested("{a:", "1", "}", 63)
+        ),
+        format!(
+            "query($v: {}) {{ viewer {{ id }} }}",
+            nested("[", "ID", "]", 63)
+        ),
+        format!(
+            "{{ viewer @include(if: {}) {{ id }} }}",
+            nested("[", "true", "]", 62)
+        ),
+        nested("{a", "", "}", 64),
+    ] {
+        let response = app.graphql(&query, json!({})).await;
+        assert_eq!(error_code(&response), "BAD_USER_INPUT", "{query}");
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(!message.contains("more than 64 levels"), "{message}");
+    }
+    still_serves(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_variables_too_deep_for_serde_are_refused_and_those_just_within_are_harmless() {
+    let app = TestApp::spawn().await;
+    let query = "query($v: ID!) { article(id: $v) { id } }";
+    let body = |value: String| format!(r#"{{"query":"{query}","variables":{{"v":{value}}}}}"#);
+
+    let (status, response) = app.post_raw(body(nested("[", "1", "]", 200)), None).await;
+    assert_eq!(status, 400, "{response}");
+    assert_eq!(error_code(&response), "BAD_USER_INPUT");
+
+    // The deepest values serde_json lets through (its limit of 128 counts a few levels of its own).
+    for value in [
+        nested("[", "1", "]", 123),
+        nested(r#"{"a":"#, "1", "}", 123),
+    ] {
+        let (status, response) = app.post_raw(body(value), None).await;
+        assert_eq!(status, 200, "{response}");
+        assert_eq!(error_code(&response), "BAD_USER_INPUT", "{response}");
+    }
+    let unused = format!(
+        r#"{{"query":"{{ viewer {{ id }} }}","variables":{{"w":{}}}}}"#,
+        nested("[", "1", "]", 123)
+    );
+    let (status, response) = app.post_raw(unused, None).await;
+    assert_eq!(status, 200, "{response}");
+    assert!(response["errors"].is_null(), "{response}");
+    still_serves(&app).await;
+}
+
+/// Fragments that each spread the next one twice: `levels` of them expand to 2^levels selections.
+fn fragment_bomb(levels: usize) -> String {
+    let mut query = String::from("{ ...F0 }");
+    for level in 0..levels {
+        let next = level + 1;
+        query.push_str(&format!(
+            " fragment F{level} on Query {{ ...F{next} ...F{next} }}"
+        ));
+    }
+    query.push_str(&format!(
+        " fragment F{levels} on Query {{ viewer {{ id }} }}"
+    ));
+    query
+}
+
+#[tokio::test]
+async fn fragment_bombs_are_refused_at_once() {
+    let app = TestApp::spawn().await;
+    for levels in [24, 30] {
+        let query = fragment_bomb(levels);
+        let before = resident_kib();
+        let started = std::time::Instant::now();
+        let response = app.graphql(&query, json!({})).await;
+        let elapsed = started.elapsed();
+        let grown = resident_kib().saturating_sub(before);
+        println!(
+            "{levels}-level fragment bomb ({} bytes): answered in {elapsed:?}, resident memory grew {grown} KiB",
+            query.len()
+        );
+        assert_eq!(error_code(&response), "BAD_USER_INPUT", "{response}");
+        let message = response["errors"][0]["message"].as_str().unwrap();
+        assert!(message.contains("expanded"), "{message}");
+        // Unguarded, the 24-level bomb took minutes and gigabytes.
+        assert!(elapsed < std::time::Duration::from_secs(5), "{elapsed:?}");
+        assert!(grown < 50 * 1024, "{grown} KiB");
+    }
+    still_serves(&app).await;
+}
+
+#[tokio::test]
+async fn fragment_spreads_that_form_a_cycle_are_refused() {
+    let app = TestApp::spawn().await;
+    let query = "{ ...A } fragment A on Query { viewer { id } ...B } fragment B on Query { ...A }";
+    let response = app.graphql(query, json!({})).await;
+    assert_eq!(error_code(&response), "BAD_USER_INPUT");
+    let message = response["errors"][0]["message"].as_str().unwrap();
+    assert!(message.contains("spreads itself"), "{message}");
+    still_serves(&app).await;
+}
+
+#[tokio::test]
+async fn a_long_chain_of_fragments_is_refused() {
+    let app = TestApp::spawn().await;
+    let mut query = String::from("{ viewer { id } }");
+    for link in 0..5_000 {
+        query.push_str(&format!(
+            " fragment F{link} on Query {{ ...F{} }}",
+            link + 1
+        ));
+    }
+    query.push_str(" fragment F5000 on Query { viewer { id } }");
+    let response = app.graphql(&query, json!({})).await;
+    assert_eq!(error_code(&response), "BAD_USER_INPUT");
+    let message = response["errors"][0]["message"].as_str().unwrap();
+    assert!(message.contains("spread one another"), "{message}");
+    still_serves(&app).await;
+}
+
+#[tokio::test]
+async fn long_operation_names_cannot_grow_the_metrics() {
+    let app = TestApp::spawn().await;
+    let padding = "x".repeat(250_000);
+    for i in 0..200 {
+        let query = format!("query Long{i}{padding} {{ viewer {{ id }} }}");
+        let response = app.graphql(&query, json!({})).await;
+        assert!(response["errors"].is_null(), "{response}");
+    }
+    app.graphql("query Short { viewer { id } }", json!({}))
+        .await;
+    // The recorder is shared by every test in this process, so its total size says little here;
+    // without the cap, each of its 200 long names would have made lines of 250 KB.
+    let metrics = app.metrics().await;
+    let longest = metrics.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 1_000, "a metrics line of {longest} bytes");
+    assert!(!metrics.contains("Long0x"), "a long name became a label");
+    assert!(metrics.contains("operation=\"other\""), "no overflow label");
+    assert!(metrics.contains("operation=\"Short\""), "{metrics}");
+    still_serves(&app).await;
+}
+
+#[tokio::test]
+async fn an_unknown_operation_name_is_not_echoed_in_full() {
+    let app = TestApp::spawn().await;
+    let name = "B".repeat(250_000);
+    let body = json!({ "query": "query A { viewer { id } }", "operationName": name }).to_string();
+    let (_, response) = app.post_raw(body, None).await;
+    assert_eq!(error_code(&response), "BAD_USER_INPUT");
+    assert!(response.to_string().len() < 2_000, "{response}");
+    still_serves(&app).await;
+}
+
+fn assert_errors_capped(response: &Value) {
+    let errors = response["errors"].as_array().expect("errors");
+    assert_eq!(errors.len(), 21, "{response}");
+    let last = &errors[20];
+    assert_eq!(last["extensions"]["code"], "ERRORS_OMITTED", "{last}");
+    assert!(
+        last["extensions"]["omitted"].as_u64().unwrap() > 4_000,
+        "{last}"
+    );
+    assert!(response.to_string().len() < 20_000, "{response}");
+}
+
+#[tokio::test]
+async fn five_thousand_duplicate_directives_get_a_short_answer() {
+    let app = TestApp::spawn().await;
+    let directives = "@include(if: true) ".repeat(5_000);
+    let query = format!("{{ ... {directives} {{ viewer {{ id }} }} }}");
+    let response = app.graphql(&query, json!({})).await;
+    assert_eq!(error_code(&response), "BAD_USER_INPUT");
+    assert_errors_capped(&response);
+    still_serves(&app).await;
 }

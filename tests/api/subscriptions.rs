@@ -7,10 +7,10 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::helpers::TestApp;
 
-type Socket =
+pub type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
+pub async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
     let mut request = format!("ws://{}/graphql/ws", app.addr)
         .into_client_request()
         .unwrap();
@@ -28,7 +28,7 @@ async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
     socket
 }
 
-async fn send(socket: &mut Socket, message: Value) {
+pub async fn send(socket: &mut Socket, message: Value) {
     socket
         .send(Message::Text(message.to_string().into()))
         .await
@@ -36,7 +36,7 @@ async fn send(socket: &mut Socket, message: Value) {
 }
 
 /// The next JSON message that is not a keep-alive, or None when the server closes the socket.
-async fn next_message(socket: &mut Socket) -> Option<Value> {
+pub async fn next_message(socket: &mut Socket) -> Option<Value> {
     loop {
         let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
             .await
