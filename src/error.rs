@@ -19,6 +19,8 @@ pub enum AppError {
         /// The argument or input field at fault, when there is one.
         field: Option<&'static str>,
     },
+    #[error("the request body did not arrive within {}", humantime::format_duration(*.0))]
+    BodyTimeout(std::time::Duration),
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error("database error: {0}")]
@@ -46,6 +48,7 @@ impl AppError {
             Self::NotFound(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::BodyTimeout(_) => "REQUEST_TIMEOUT",
             Self::Database(err) if is_connection_error(err) => "UNAVAILABLE",
             Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",

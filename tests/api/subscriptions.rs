@@ -7,7 +7,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::helpers::TestApp;
 
-type Socket =
+pub type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
@@ -28,7 +28,7 @@ async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
     socket
 }
 
-async fn send(socket: &mut Socket, message: Value) {
+pub async fn send(socket: &mut Socket, message: Value) {
     socket
         .send(Message::Text(message.to_string().into()))
         .await
@@ -36,7 +36,7 @@ async fn send(socket: &mut Socket, message: Value) {
 }
 
 /// The next JSON message that is not a keep-alive, or None when the server closes the socket.
-async fn next_message(socket: &mut Socket) -> Option<Value> {
+pub async fn next_message(socket: &mut Socket) -> Option<Value> {
     loop {
         let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
             .await
@@ -55,7 +55,7 @@ async fn next_message(socket: &mut Socket) -> Option<Value> {
 }
 
 /// Waits until this app's Redis subscription for new articles is in place, so a publish is seen.
-async fn wait_until_listening(app: &TestApp) {
+pub async fn wait_until_listening(app: &TestApp) {
     let channel = app.state.redis.keys.articles_published_channel();
     let mut conn = app.state.redis.conn.clone();
     for _ in 0..200 {
@@ -74,11 +74,11 @@ async fn wait_until_listening(app: &TestApp) {
     panic!("the subscription never reached Redis");
 }
 
-const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
+pub const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
 
 /// Connects with `protocol`, expects the ack, sends `start` (the protocol's subscribe message, id
 /// `id`) and waits until the subscription reached Redis.
-async fn subscribed(
+pub async fn subscribed(
     app: &TestApp,
     protocol: &str,
     init_payload: Value,
