@@ -309,5 +309,9 @@ mod tests {
         assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(config.redis_prefix, "pulse:");
         assert!(config.database_url().starts_with("sqlite://"));
+        assert_eq!(config.http_header_timeout, Duration::from_secs(10));
+        assert_eq!(config.http_body_timeout, Duration::from_secs(30));
+        assert_eq!(config.max_connections, 4096);
+        assert_eq!(config.ws_init_timeout, Duration::from_secs(10));
     }
 }
