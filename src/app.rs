@@ -17,6 +17,7 @@ use crate::articles::ArticleService;
 use crate::config::{Config, Secret};
 use crate::graphql::schema::{self, QueryLimits};
 use crate::graphql::{PulseSchema, Services};
+use crate::http::server::Connections;
 use crate::http::{HttpState, TrustedProxies};
 use crate::realtime::Hub;
 use crate::redis::Redis;
@@ -33,6 +34,7 @@ pub struct AppState {
     pub schema: PulseSchema,
     pub tokens: Arc<TokenSigner>,
     pub hub: Hub,
+    pub connections: Connections,
 }
 
 pub struct App {
@@ -43,6 +45,7 @@ pub struct App {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     shutdown_grace: std::time::Duration,
+    header_timeout: std::time::Duration,
 }
 
 /// SQL and Redis, connected and ready, shared by the server and the one-shot commands.
@@ -137,6 +140,7 @@ impl App {
             schema,
             tokens,
             hub,
+            connections: Connections::new(config.max_connections),
         };
         let router = crate::http::router(
             HttpState {
@@ -148,6 +152,9 @@ impl App {
                 redis: state.redis.clone(),
                 metrics: crate::telemetry::metrics_handle(),
                 max_body_bytes: config.max_body_bytes,
+                body_timeout: config.http_body_timeout,
+                ws_init_timeout: config.ws_init_timeout,
+                shutdown: shutdown.clone(),
             },
             crate::http::cors(&config.cors_origins)?,
         );
@@ -162,6 +169,7 @@ impl App {
             shutdown,
             tasks,
             shutdown_grace: config.shutdown_grace,
+            header_timeout: config.http_header_timeout,
         })
     }
 
@@ -185,33 +193,32 @@ impl App {
     }
 
     /// Serves until `stop` completes, then shuts down in order: stop accepting, let in-flight
-    /// requests finish (up to the grace period), let background tasks finish their current batch,
-    /// and stop a private Redis last, since those tasks may still be writing to it.
+    /// requests finish and close websockets with "going away" (up to the grace period), let
+    /// background tasks finish their current batch, and stop a private Redis last, since those
+    /// tasks may still be writing to it.
     pub async fn run_until(
         self,
         stop: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         tracing::info!(address = %self.local_addr(), "pulse is serving");
-        let shutdown = self.shutdown.clone();
-        let server = axum::serve(
+        let connections = self.state.connections.clone();
+        crate::http::server::serve(
             self.listener,
-            self.router
-                .into_make_service_with_connect_info::<SocketAddr>(),
+            self.router,
+            connections.clone(),
+            self.header_timeout,
+            self.shutdown.clone(),
+            stop,
         )
-        .with_graceful_shutdown(async move {
-            stop.await;
-            tracing::info!("shutting down: draining in-flight requests");
-            shutdown.cancel();
-        });
-        let mut server = std::pin::pin!(server.into_future());
-        tokio::select! {
-            served = &mut server => served.context("the HTTP server failed")?,
-            () = async {
-                self.shutdown.cancelled().await;
-                tokio::time::sleep(self.shutdown_grace).await;
-            } => tracing::warn!("in-flight requests did not finish within the grace period"),
-        }
+        .await;
+        tracing::info!("shutting down: draining in-flight requests");
         self.shutdown.cancel();
+        if tokio::time::timeout(self.shutdown_grace, connections.closed())
+            .await
+            .is_err()
+        {
+            tracing::warn!("in-flight requests did not finish within the grace period");
+        }
         self.tasks.close();
         self.tasks.wait().await;
         if let RedisLocation::Private(private) = self.redis_location {

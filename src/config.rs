@@ -163,6 +163,23 @@ pub struct Config {
     #[arg(long, global = true, env = "PULSE_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
     pub max_body_bytes: usize,
 
+    /// How long a client may take to send a request's headers; an idle keep-alive connection is
+    /// closed after as long again.
+    #[arg(long, global = true, env = "PULSE_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub http_header_timeout: Duration,
+
+    /// How long a client may take to send a request's body once its headers are in (408 after).
+    #[arg(long, global = true, env = "PULSE_HTTP_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub http_body_timeout: Duration,
+
+    /// Connections served at once, websockets included; further ones wait in the kernel's backlog.
+    #[arg(long, global = true, env = "PULSE_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// How long a websocket may take to send `connection_init` before it is closed (4408).
+    #[arg(long, global = true, env = "PULSE_WS_INIT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ws_init_timeout: Duration,
+
     /// Sign-in and sign-up attempts allowed per client IP per minute (0: unlimited).
     #[arg(
         long,
@@ -292,5 +309,9 @@ mod tests {
         assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(config.redis_prefix, "pulse:");
         assert!(config.database_url().starts_with("sqlite://"));
+        assert_eq!(config.http_header_timeout, Duration::from_secs(10));
+        assert_eq!(config.http_body_timeout, Duration::from_secs(30));
+        assert_eq!(config.max_connections, 4096);
+        assert_eq!(config.ws_init_timeout, Duration::from_secs(10));
     }
 }

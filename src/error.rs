@@ -19,11 +19,10 @@ pub enum AppError {
         /// The argument or input field at fault, when there is one.
         field: Option<&'static str>,
     },
+    #[error("the request body did not arrive within {}", humantime::format_duration(*.0))]
+    BodyTimeout(std::time::Duration),
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
-    /// Stands last in a response in place of the errors past the cap.
-    #[error("{omitted} more errors omitted")]
-    ErrorsOmitted { omitted: usize },
     #[error("database error: {0}")]
     Database(#[from] sea_orm::DbErr),
     #[error("redis error: {0}")]
@@ -49,7 +48,8 @@ impl AppError {
             Self::NotFound(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
-            Self::ErrorsOmitted { .. } => "ERRORS_OMITTED",
+            // The client did not send its body in time: its request to fix, like any other.
+            Self::BodyTimeout(_) => "BAD_USER_INPUT",
             Self::Database(err) if is_connection_error(err) => "UNAVAILABLE",
             Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
@@ -96,7 +96,6 @@ impl ErrorExtensions for AppError {
                 Self::RateLimited {
                     retry_after_seconds,
                 } => ext.set("retryAfterSeconds", *retry_after_seconds),
-                Self::ErrorsOmitted { omitted } => ext.set("omitted", *omitted),
                 _ => {}
             }
         })

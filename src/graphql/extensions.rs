@@ -34,11 +34,9 @@ const MAX_ERRORS: usize = 20;
 
 fn with_codes(mut response: Response) -> Response {
     if response.errors.len() > MAX_ERRORS {
-        let omitted = response.errors.len() - MAX_ERRORS;
-        response.errors.truncate(MAX_ERRORS);
-        response
-            .errors
-            .push(without_location(AppError::ErrorsOmitted { omitted }));
+        let mut omitted = response.errors.split_off(MAX_ERRORS);
+        ensure_code(&mut omitted[0]);
+        response.errors.push(omitted_errors(&omitted[0], omitted.len()));
     }
     for error in &mut response.errors {
         ensure_code(error);
@@ -47,12 +45,16 @@ fn with_codes(mut response: Response) -> Response {
     response
 }
 
-/// An error about the request as a whole, which no position in the document points to.
-fn without_location(error: AppError) -> ServerError {
-    let error = error.extend();
-    let mut server_error = ServerError::new(error.message, None);
-    server_error.extensions = error.extensions;
-    server_error
+/// The error standing for those past the cap. It carries the code of the first one left out, so a
+/// client that acts on codes sees no code outside the documented set.
+fn omitted_errors(first: &ServerError, omitted: usize) -> ServerError {
+    let mut error = ServerError::new(format!("{omitted} more errors omitted"), None);
+    let extensions = error.extensions.get_or_insert_with(Default::default);
+    if let Some(code) = first.extensions.as_ref().and_then(|ext| ext.get("code")) {
+        extensions.set("code", code.clone());
+    }
+    extensions.set("omitted", omitted);
+    error
 }
 
 fn ensure_code(error: &mut ServerError) {
@@ -218,11 +220,16 @@ impl ExtensionFactory for DocumentGuard {
     }
 }
 
+/// A document refused as a whole: no position in it is to blame.
 fn refused(refusal: guard::Refusal) -> ServerError {
-    without_location(AppError::BadUserInput {
+    let error = AppError::BadUserInput {
         message: refusal.to_string(),
         field: None,
-    })
+    }
+    .extend();
+    let mut server_error = ServerError::new(error.message, None);
+    server_error.extensions = error.extensions;
+    server_error
 }
 
 #[async_trait::async_trait]

@@ -1,18 +1,18 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use async_graphql::http::{ALL_WEBSOCKET_PROTOCOLS, GraphiQLSource};
+use async_graphql::http::GraphiQLSource;
 use async_graphql::{Data, ErrorExtensions};
-use async_graphql_axum::{GraphQLProtocol, GraphQLWebSocket};
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, Extension, FromRequest, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
 use super::HttpState;
+use super::server::ConnectionSlot;
+use super::websocket;
 use crate::error::{AppError, shorten_message};
 use crate::graphql::RequestContext;
 use crate::graphql::schema::attach_request_data;
@@ -94,15 +94,29 @@ pub async fn execute(
     State(state): State<Arc<HttpState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Response {
+    // The clock runs from the end of the headers, so a client trickling its body in holds the
+    // connection for at most this long.
+    let body = tokio::time::timeout(state.body_timeout, Bytes::from_request(request, &())).await;
     let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+        Err(_) => {
+            let mut response = transport_error(
+                StatusCode::REQUEST_TIMEOUT,
+                AppError::BodyTimeout(state.body_timeout),
+            );
+            // The rest of the body may still be on its way; the connection cannot serve another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
+        Ok(Ok(body)) => body,
+        Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
             let message = format!("request body is larger than {} bytes", state.max_body_bytes);
             return malformed(StatusCode::PAYLOAD_TOO_LARGE, message);
         }
-        Err(rejection) => {
+        Ok(Err(rejection)) => {
             let message = format!("cannot read the request body: {rejection}");
             return malformed(rejection.status(), message);
         }
@@ -158,20 +172,30 @@ fn init_payload_token(payload: &serde_json::Value) -> Result<Option<String>, App
 pub async fn websocket(
     State(state): State<Arc<HttpState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(slot): Extension<ConnectionSlot>,
     headers: HeaderMap,
-    protocol: GraphQLProtocol,
     upgrade: WebSocketUpgrade,
 ) -> Response {
+    let Some(protocol) = websocket::protocol(&headers) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
     let header_token = match bearer(&headers) {
         Ok(token) => token.map(str::to_owned),
         Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
     };
     upgrade
-        .protocols(ALL_WEBSOCKET_PROTOCOLS)
+        .protocols([protocol.sec_websocket_protocol()])
         .on_upgrade(move |socket| async move {
+            let _open = slot.websocket();
             let schema = state.schema.clone();
-            GraphQLWebSocket::new(socket, schema, protocol)
-                .on_connection_init(move |payload| async move {
+            let (init_timeout, shutdown) = (state.ws_init_timeout, state.shutdown.clone());
+            websocket::serve(
+                socket,
+                protocol,
+                schema,
+                init_timeout,
+                shutdown,
+                move |payload| async move {
                     let token = match init_payload_token(&payload).map_err(|err| err.extend())? {
                         Some(token) => Some(token),
                         None => header_token,
@@ -181,8 +205,8 @@ pub async fn websocket(
                     let mut data = Data::default();
                     attach_request_data(&state.services, &mut data, context);
                     Ok(data)
-                })
-                .serve()
-                .await
+                },
+            )
+            .await
         })
 }

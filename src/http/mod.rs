@@ -3,6 +3,8 @@
 pub mod client_ip;
 mod graphql;
 mod ops;
+pub mod server;
+mod websocket;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +14,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method, header};
 use axum::routing::get;
 use sea_orm::DatabaseConnection;
+use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
@@ -33,6 +36,12 @@ pub struct HttpState {
     pub redis: Redis,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive once the headers are in.
+    pub body_timeout: Duration,
+    /// How long a websocket may take to send `connection_init`.
+    pub ws_init_timeout: Duration,
+    /// Cancelled when the server stops, so that websockets close with "going away".
+    pub shutdown: CancellationToken,
 }
 
 pub fn router(state: HttpState, cors: CorsLayer) -> Router {

@@ -365,7 +365,7 @@ fn assert_errors_capped(response: &Value) {
     let errors = response["errors"].as_array().expect("errors");
     assert_eq!(errors.len(), 21, "{response}");
     let last = &errors[20];
-    assert_eq!(last["extensions"]["code"], "ERRORS_OMITTED", "{last}");
+    assert_eq!(last["extensions"]["code"], "BAD_USER_INPUT", "{last}");
     assert!(
         last["extensions"]["omitted"].as_u64().unwrap() > 4_000,
         "{last}"

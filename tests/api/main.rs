@@ -2,6 +2,7 @@
 
 mod accounts;
 mod articles;
+mod connections;
 mod crash;
 mod helpers;
 mod limits;

@@ -55,7 +55,7 @@ pub async fn next_message(socket: &mut Socket) -> Option<Value> {
 }
 
 /// Waits until this app's Redis subscription for new articles is in place, so a publish is seen.
-async fn wait_until_listening(app: &TestApp) {
+pub async fn wait_until_listening(app: &TestApp) {
     let channel = app.state.redis.keys.articles_published_channel();
     let mut conn = app.state.redis.conn.clone();
     for _ in 0..200 {
@@ -74,11 +74,11 @@ async fn wait_until_listening(app: &TestApp) {
     panic!("the subscription never reached Redis");
 }
 
-const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
+pub const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
 
 /// Connects with `protocol`, expects the ack, sends `start` (the protocol's subscribe message, id
 /// `id`) and waits until the subscription reached Redis.
-async fn subscribed(
+pub async fn subscribed(
     app: &TestApp,
     protocol: &str,
     init_payload: Value,

@@ -1,0 +1,226 @@
+//! The websocket driver. async-graphql speaks both protocols but leaves three things to its caller:
+//! a socket that never sends `connection_init` would stay open for good (here it is closed with 4408
+//! after the init timeout); a graphql-transport-ws `subscribe` under an id already running would
+//! silently replace that subscription (here it closes the socket with 4409, as the protocol says);
+//! and at shutdown the socket would just be cut (here it gets a 1001 "going away" close first).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_graphql::Data;
+use async_graphql::http::{WebSocketProtocols, WsMessage};
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::http::{HeaderMap, header};
+use futures_util::{SinkExt as _, StreamExt as _, future};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::graphql::PulseSchema;
+
+/// How long a closed socket waits for the client's answering close frame. Closing the connection
+/// while the client still sends would reset it, and a reset can take the close frame with it.
+const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
+
+/// The protocol of the first `Sec-WebSocket-Protocol` the client offers that Pulse speaks.
+pub fn protocol(headers: &HeaderMap) -> Option<WebSocketProtocols> {
+    headers
+        .get(header::SEC_WEBSOCKET_PROTOCOL)?
+        .to_str()
+        .ok()?
+        .split(',')
+        .find_map(|offered| offered.trim().parse().ok())
+}
+
+/// Serves GraphQL over `socket` until the client leaves, breaks the protocol, or the server stops.
+pub async fn serve<OnInit, InitFuture>(
+    socket: WebSocket,
+    protocol: WebSocketProtocols,
+    schema: PulseSchema,
+    init_timeout: Duration,
+    shutdown: CancellationToken,
+    on_init: OnInit,
+) where
+    OnInit: FnOnce(serde_json::Value) -> InitFuture + Send + 'static,
+    InitFuture: Future<Output = async_graphql::Result<Data>> + Send + 'static,
+{
+    let (mut sink, mut stream) = socket.split();
+    let session = Arc::new(Mutex::new(Session::new(protocol)));
+    let close = {
+        let watched = session.clone();
+        let input = stream
+            .by_ref()
+            .take_while(|received| future::ready(received.is_ok()))
+            .filter_map(|received| {
+                future::ready(match received {
+                    Ok(message @ (Message::Text(_) | Message::Binary(_))) => {
+                        Some(message.into_data())
+                    }
+                    _ => None,
+                })
+            })
+            // A refused message ends the input, and with it the exchange, before async-graphql sees it.
+            .take_while(move |data| future::ready(lock(&watched).admit(data)));
+        let graphql = async_graphql::http::WebSocket::new(schema, input, protocol)
+            .on_connection_init(on_init);
+        let mut graphql = std::pin::pin!(graphql);
+        let mut init_deadline = std::pin::pin!(tokio::time::sleep(init_timeout));
+        let mut awaiting_init = true;
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break Some(close_frame(1001, "server shutting down")),
+                () = &mut init_deadline, if awaiting_init => {
+                    if !lock(&session).initialised {
+                        break Some(close_frame(4408, "Connection initialisation timeout"));
+                    }
+                    awaiting_init = false;
+                }
+                message = graphql.next() => match message {
+                    Some(WsMessage::Text(text)) => {
+                        lock(&session).sent(&text);
+                        if sink.send(Message::Text(text.into())).await.is_err() {
+                            break None;
+                        }
+                    }
+                    Some(WsMessage::Close(code, reason)) => break Some(close_frame(code, &reason)),
+                    None => break lock(&session).refusal.take(),
+                },
+            }
+        }
+    };
+    let Some(close) = close else { return };
+    if sink.send(Message::Close(Some(close))).await.is_ok() {
+        let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, async {
+            while let Some(Ok(message)) = stream.next().await {
+                if matches!(message, Message::Close(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+fn close_frame(code: u16, reason: &str) -> CloseFrame {
+    CloseFrame {
+        code,
+        reason: reason.into(),
+    }
+}
+
+fn lock(session: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    session
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What the driver must know of the conversation that async-graphql keeps to itself.
+struct Session {
+    protocol: WebSocketProtocols,
+    initialised: bool,
+    /// graphql-transport-ws ids whose operation is still running: from the client's `subscribe`
+    /// until the client's or the server's `complete`.
+    running: HashSet<String>,
+    /// The close a refused message calls for.
+    refusal: Option<CloseFrame>,
+}
+
+/// The two fields of a protocol message the driver looks at; the payload is skipped unparsed.
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(rename = "type")]
+    kind: String,
+    id: Option<String>,
+}
+
+impl Session {
+    fn new(protocol: WebSocketProtocols) -> Self {
+        Self {
+            protocol,
+            initialised: false,
+            running: HashSet::new(),
+            refusal: None,
+        }
+    }
+
+    /// Whether a client message may go on to async-graphql. Messages that are not JSON go on too:
+    /// async-graphql closes the socket for those with its own code.
+    fn admit(&mut self, data: &[u8]) -> bool {
+        let Ok(Envelope { kind, id }) = serde_json::from_slice(data) else {
+            return true;
+        };
+        match (kind.as_str(), id) {
+            ("connection_init", _) => self.initialised = true,
+            ("subscribe" | "start", Some(id)) if self.protocol == WebSocketProtocols::GraphQLWS => {
+                if self.running.contains(&id) {
+                    let reason = format!("Subscriber for {id} already exists");
+                    self.refusal = Some(close_frame(4409, &reason));
+                    return false;
+                }
+                self.running.insert(id);
+            }
+            ("complete" | "stop", Some(id)) => {
+                self.running.remove(&id);
+            }
+            _ => {}
+        }
+        true
+    }
+
+    /// Notes a server message: a `complete` frees its id for reuse.
+    fn sent(&mut self, text: &str) {
+        if self.running.is_empty() {
+            return;
+        }
+        if let Ok(Envelope { kind, id: Some(id) }) = serde_json::from_str(text)
+            && kind == "complete"
+        {
+            self.running.remove(&id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admit(session: &mut Session, message: serde_json::Value) -> bool {
+        session.admit(message.to_string().as_bytes())
+    }
+
+    fn subscribe(id: &str) -> serde_json::Value {
+        serde_json::json!({ "type": "subscribe", "id": id, "payload": { "query": "{ __typename }" } })
+    }
+
+    #[test]
+    fn a_running_id_cannot_be_subscribed_again() {
+        let mut session = Session::new(WebSocketProtocols::GraphQLWS);
+        assert!(admit(&mut session, subscribe("1")));
+        assert!(!admit(&mut session, subscribe("1")));
+        let refusal = session.refusal.expect("a close frame");
+        assert_eq!(refusal.code, 4409);
+        assert_eq!(refusal.reason.as_str(), "Subscriber for 1 already exists");
+    }
+
+    #[test]
+    fn an_id_completed_by_either_side_may_be_reused() {
+        let mut session = Session::new(WebSocketProtocols::GraphQLWS);
+        assert!(admit(&mut session, subscribe("1")));
+        assert!(admit(
+            &mut session,
+            serde_json::json!({ "type": "complete", "id": "1" })
+        ));
+        assert!(admit(&mut session, subscribe("1")));
+        session.sent(r#"{"type":"complete","id":"1"}"#);
+        assert!(admit(&mut session, subscribe("1")));
+    }
+
+    #[test]
+    fn the_legacy_protocol_keeps_its_own_rules_for_ids() {
+        let mut session = Session::new(WebSocketProtocols::SubscriptionsTransportWS);
+        let start = serde_json::json!({ "type": "start", "id": "1", "payload": { "query": "{ __typename }" } });
+        assert!(admit(&mut session, start.clone()));
+        assert!(admit(&mut session, start));
+    }
+}

@@ -1,0 +1,302 @@
+//! Clients that hold connections without finishing anything: each case as the abuse test found it,
+//! over real sockets.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+
+use crate::helpers::TestApp;
+use crate::subscriptions::{
+    SUBSCRIPTION, Socket, next_message, send, subscribed, wait_until_listening,
+};
+
+const SHORT: Duration = Duration::from_millis(300);
+
+/// A websocket upgraded with `protocol` that has sent nothing yet.
+async fn open_socket(app: &TestApp, protocol: &str) -> Socket {
+    let mut request = format!("ws://{}/graphql/ws", app.addr)
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol.parse().unwrap());
+    let (socket, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("websocket upgrade");
+    socket
+}
+
+/// The close frame the server ends the socket with, skipping any messages before it.
+async fn close_frame(socket: &mut Socket) -> CloseFrame {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("the server closes the socket within 10 s")
+            .expect("a close frame before the end of the stream")
+            .expect("a clean close, not a cut connection");
+        if let Message::Close(frame) = message {
+            return frame.expect("the close frame has a code");
+        }
+    }
+}
+
+/// Polls `condition` until it holds, for at most 10 s.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads until the server closes the connection; returns what it sent and when it closed.
+async fn read_until_closed(stream: &mut TcpStream) -> (Vec<u8>, Instant) {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("the server closes the connection within 10 s");
+        match read {
+            Ok(0) | Err(_) => return (received, Instant::now()),
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_websocket_without_connection_init_is_closed_with_4408_in_both_protocols() {
+    let app = TestApp::spawn_with(|config| config.ws_init_timeout = SHORT).await;
+    for protocol in ["graphql-transport-ws", "graphql-ws"] {
+        let opened = Instant::now();
+        let mut socket = open_socket(&app, protocol).await;
+        let frame = close_frame(&mut socket).await;
+        assert_eq!(u16::from(frame.code), 4408, "{protocol}");
+        assert_eq!(frame.reason.as_str(), "Connection initialisation timeout");
+        assert!(
+            opened.elapsed() >= SHORT,
+            "{protocol}: closed before the timeout"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_initialised_websocket_outlives_the_init_timeout() {
+    let app = TestApp::spawn_with(|config| config.ws_init_timeout = SHORT).await;
+    let mut socket = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+    tokio::time::sleep(SHORT * 2).await;
+    let (token, _) = app.sign_up("ines").await;
+    app.publish(&token, "still here").await;
+    let message = next_message(&mut socket).await.expect("the socket is open");
+    assert_eq!(message["type"], "next", "{message}");
+}
+
+#[tokio::test]
+async fn hundreds_of_silent_websockets_are_all_closed_and_their_connections_released() {
+    let init_timeout = Duration::from_secs(5);
+    let app = TestApp::spawn_with(|config| config.ws_init_timeout = init_timeout).await;
+    let sockets =
+        futures_util::future::join_all((0..300).map(|_| open_socket(&app, "graphql-transport-ws")))
+            .await;
+    let connections = app.state.connections.clone();
+    eventually("all 300 websockets are counted", || {
+        connections.open_websockets() == 300
+    })
+    .await;
+    assert_eq!(connections.open(), 300);
+
+    let codes = futures_util::future::join_all(
+        sockets
+            .into_iter()
+            .map(|mut socket| async move { u16::from(close_frame(&mut socket).await.code) }),
+    )
+    .await;
+    assert!(codes.iter().all(|&code| code == 4408), "{codes:?}");
+    eventually("every websocket connection is released", || {
+        connections.open() == 0 && connections.open_websockets() == 0
+    })
+    .await;
+    let metrics = app.metrics().await;
+    assert!(metrics.contains("pulse_websockets_open"), "{metrics}");
+    assert!(metrics.contains("pulse_http_connections_open"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_client_stalling_in_its_headers_is_cut_off_after_the_header_timeout() {
+    let app = TestApp::spawn_with(|config| config.http_header_timeout = SHORT).await;
+    let mut stream = TcpStream::connect(app.addr).await.unwrap();
+    let sent = Instant::now();
+    stream
+        .write_all(b"POST /graphql HTTP/1.1\r\nHost: pulse\r\nContent-Type: appl")
+        .await
+        .unwrap();
+    let (answer, closed) = read_until_closed(&mut stream).await;
+    assert!(closed - sent >= SHORT, "closed after {:?}", closed - sent);
+    assert!(
+        !String::from_utf8_lossy(&answer).contains(" 200 "),
+        "half a request was served"
+    );
+    eventually("the connection is released", || {
+        app.state.connections.open() == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
+    let app = TestApp::spawn_with(|config| config.http_header_timeout = SHORT).await;
+    let mut stream = TcpStream::connect(app.addr).await.unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: pulse\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buffer = [0u8; 1024];
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"ok") {
+        let n = stream.read(&mut buffer).await.unwrap();
+        assert!(n > 0, "closed before answering");
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    let answered = Instant::now();
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+
+    let (more, closed) = read_until_closed(&mut stream).await;
+    assert!(more.is_empty(), "{}", String::from_utf8_lossy(&more));
+    assert!(
+        closed - answered >= SHORT,
+        "closed after {:?}",
+        closed - answered
+    );
+}
+
+#[tokio::test]
+async fn a_client_stalling_in_its_body_gets_a_408_and_the_connection_closed() {
+    let app = TestApp::spawn_with(|config| config.http_body_timeout = SHORT).await;
+    let mut stream = TcpStream::connect(app.addr).await.unwrap();
+    let sent = Instant::now();
+    stream
+        .write_all(
+            b"POST /graphql HTTP/1.1\r\nHost: pulse\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"query\":",
+        )
+        .await
+        .unwrap();
+    let (answer, closed) = read_until_closed(&mut stream).await;
+    assert!(closed - sent >= SHORT, "answered after {:?}", closed - sent);
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let (_, body) = answer.split_once("\r\n\r\n").expect("a body");
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        crate::helpers::error_code(&body),
+        "BAD_USER_INPUT",
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn the_connection_cap_holds_a_flood_back_and_the_server_still_answers() {
+    let cap = 20;
+    let app = TestApp::spawn_with(|config| {
+        config.max_connections = cap;
+        config.http_header_timeout = SHORT;
+    })
+    .await;
+    let mut flood = Vec::new();
+    for _ in 0..100 {
+        flood.push(TcpStream::connect(app.addr).await.unwrap());
+    }
+    let connections = app.state.connections.clone();
+    eventually("the cap is reached", || connections.open() == cap as usize).await;
+
+    let http = app.http.clone();
+    let url = app.url("/healthz");
+    let answer = tokio::spawn(async move { http.get(url).send().await });
+    let mut peak = 0;
+    while !answer.is_finished() {
+        peak = peak.max(connections.open());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(peak <= cap as usize, "{peak} connections open at once");
+    let response = answer
+        .await
+        .unwrap()
+        .expect("an answer once the flood times out");
+    assert_eq!(response.status(), 200);
+    drop(flood);
+}
+
+#[tokio::test]
+async fn a_duplicate_subscription_id_closes_the_socket_with_4409() {
+    let app = TestApp::spawn().await;
+    let mut socket = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
+    )
+    .await;
+    let frame = close_frame(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 4409);
+    assert_eq!(frame.reason.as_str(), "Subscriber for 1 already exists");
+}
+
+#[tokio::test]
+async fn a_subscription_id_may_be_reused_once_it_completed() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("reuse").await;
+    // Subscription 2 keeps the process's Redis subscription in place while 1 comes and goes.
+    let mut socket = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "2").await;
+    let channel = app.state.redis.keys.articles_published_channel();
+    for _ in 0..2 {
+        send(
+            &mut socket,
+            json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
+        )
+        .await;
+        eventually("both subscriptions run", || {
+            app.state.hub.local_subscribers(&channel) == 2
+        })
+        .await;
+        send(&mut socket, json!({ "id": "1", "type": "complete" })).await;
+        let completed = next_message(&mut socket).await.expect("the socket is open");
+        assert_eq!(completed, json!({ "type": "complete", "id": "1" }));
+    }
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
+    )
+    .await;
+    eventually("both subscriptions run", || {
+        app.state.hub.local_subscribers(&channel) == 2
+    })
+    .await;
+    wait_until_listening(&app).await;
+    app.publish(&token, "to both").await;
+    let mut ids = vec![
+        next_message(&mut socket).await.expect("a message")["id"].clone(),
+        next_message(&mut socket).await.expect("a message")["id"].clone(),
+    ];
+    ids.sort_by_key(|id| id.to_string());
+    assert_eq!(ids, [json!("1"), json!("2")]);
+}
+
+#[tokio::test]
+async fn stopping_the_server_closes_open_websockets_with_going_away() {
+    let app = TestApp::spawn().await;
+    let mut socket = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+    let connections = app.state.connections.clone();
+    let stopping = tokio::spawn(app.stop());
+    let frame = close_frame(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 1001);
+    stopping
+        .await
+        .unwrap()
+        .expect("a clean shutdown after the close");
+    assert_eq!(connections.open(), 0);
+}
