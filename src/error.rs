@@ -46,7 +46,7 @@ impl AppError {
             Self::NotFound(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
-            Self::Database(err) if is_connection_error(err) => "UNAVAILABLE",
+            Self::Database(err) if crate::db::transient(err).is_some() => "UNAVAILABLE",
             Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
         }
@@ -55,13 +55,6 @@ impl AppError {
     fn is_ours(&self) -> bool {
         matches!(self, Self::Database(_) | Self::Redis(_) | Self::Internal(_))
     }
-}
-
-fn is_connection_error(err: &sea_orm::DbErr) -> bool {
-    matches!(
-        err,
-        sea_orm::DbErr::Conn(_) | sea_orm::DbErr::ConnectionAcquire(_)
-    )
 }
 
 fn is_redis_unreachable(err: &redis::RedisError) -> bool {
