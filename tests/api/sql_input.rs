@@ -207,7 +207,7 @@ where
                 killed.fetch_add(disrupt().await, Ordering::Relaxed);
                 // Paces the disruption: killing in a tight loop would leave no connection alive
                 // long enough to answer anything, which tests nothing but the pool's patience.
-                tokio::time::sleep(Duration::from_millis(25)).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
             }
         })
     };
@@ -295,7 +295,7 @@ async fn terminated_postgres_backends_answer_unavailable_never_internal() {
         "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity \
          WHERE datname = current_database() AND pid <> pg_backend_pid()",
     );
-    let (outcomes, killed) = under_disruption(app, 600, 32, move || {
+    let (outcomes, killed) = under_disruption(app, 600, 64, move || {
         let (killer, terminate) = (killer.clone(), terminate.clone());
         async move {
             let row = killer.query_one_raw(terminate).await.unwrap().unwrap();
@@ -319,7 +319,7 @@ async fn killed_mysql_connections_answer_unavailable_never_internal() {
         "SELECT ID AS id FROM information_schema.PROCESSLIST \
          WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
     );
-    let (outcomes, killed) = under_disruption(app, 600, 32, move || {
+    let (outcomes, killed) = under_disruption(app, 600, 64, move || {
         let (killer, connections) = (killer.clone(), connections.clone());
         async move {
             let mut killed = 0;
