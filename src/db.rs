@@ -3,7 +3,6 @@
 //! Also what a failed statement means: a transient failure (a lost connection, a deadlock, a lock
 //! or pool wait that ran out) answers `UNAVAILABLE`, and idempotent work retries once on one.
 
-use std::future::Future;
 use std::ops::Deref as _;
 use std::time::Duration;
 
@@ -103,10 +102,11 @@ impl Transient {
 pub fn transient(err: &DbErr) -> Option<Transient> {
     match err {
         DbErr::ConnectionAcquire(_) => Some(Transient::TimedOut),
-        DbErr::Conn(RuntimeErr::SqlxError(err))
-        | DbErr::Exec(RuntimeErr::SqlxError(err))
-        | DbErr::Query(RuntimeErr::SqlxError(err)) => transient_sqlx(err),
+        // Opening a connection failed, whatever the reason: the database cannot be reached.
         DbErr::Conn(_) => Some(Transient::Disconnected),
+        DbErr::Exec(RuntimeErr::SqlxError(err)) | DbErr::Query(RuntimeErr::SqlxError(err)) => {
+            transient_sqlx(err)
+        }
         _ => None,
     }
 }
