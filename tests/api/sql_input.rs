@@ -205,8 +205,9 @@ where
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 killed.fetch_add(disrupt().await, Ordering::Relaxed);
-                // Paces the disruption: killing in a tight loop would leave no connection alive
-                // long enough to answer anything, which tests nothing but the pool's patience.
+                // Every round kills every connection of the app: far harsher than production's
+                // occasional termination. Rounds every few milliseconds would kill even the fresh
+                // connection a retry opens, which tests the pool's patience, not the retry.
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         })
