@@ -59,7 +59,7 @@ impl Backends {
     pub async fn connect(config: &Config) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
-        let db = crate::db::connect(&config.database_url()).await?;
+        let db = crate::db::connect(&config.database_url(), config.sqlite_busy_timeout).await?;
         crate::db::migrate(&db).await?;
         let redis_location = embedded::locate(
             config.redis_url.as_deref(),

@@ -63,6 +63,10 @@ pub struct Config {
     #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
 
+    /// How long a SQLite write waits for the file's write lock before the request answers UNAVAILABLE.
+    #[arg(long, global = true, env = "PULSE_SQLITE_BUSY_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub sqlite_busy_timeout: Duration,
+
     /// Redis URL. Unset: use 127.0.0.1:6379 when it answers, else start a private redis-server.
     #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,

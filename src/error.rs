@@ -50,7 +50,7 @@ impl AppError {
             Self::RateLimited { .. } => "RATE_LIMITED",
             // The client did not send its body in time: its request to fix, like any other.
             Self::BodyTimeout(_) => "BAD_USER_INPUT",
-            Self::Database(err) if is_connection_error(err) => "UNAVAILABLE",
+            Self::Database(err) if crate::db::transient(err).is_some() => "UNAVAILABLE",
             Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
         }
@@ -59,13 +59,6 @@ impl AppError {
     fn is_ours(&self) -> bool {
         matches!(self, Self::Database(_) | Self::Redis(_) | Self::Internal(_))
     }
-}
-
-fn is_connection_error(err: &sea_orm::DbErr) -> bool {
-    matches!(
-        err,
-        sea_orm::DbErr::Conn(_) | sea_orm::DbErr::ConnectionAcquire(_)
-    )
 }
 
 fn is_redis_unreachable(err: &redis::RedisError) -> bool {

@@ -13,6 +13,7 @@ pub mod http;
 pub mod realtime;
 pub mod redis;
 pub mod telemetry;
+pub mod text;
 pub mod views;
 
 pub use app::App;

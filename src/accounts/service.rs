@@ -8,13 +8,33 @@ use sea_orm::{
 };
 
 use super::{password, tokens::TokenSigner};
+use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::{AppError, AppResult};
 use crate::redis::Redis;
+use crate::text::{Controls, TextRule, Trim};
 
-const HANDLE_LEN: std::ops::RangeInclusive<usize> = 3..=32;
-const PASSWORD_LEN: std::ops::RangeInclusive<usize> = 8..=128;
 const AUTH_WINDOW: Duration = Duration::from_secs(60);
+
+const HANDLE: TextRule = TextRule {
+    field: "handle",
+    noun: "a handle",
+    chars: 3..=32,
+    unit: "letters, digits or underscores",
+    trim: Trim::Stored,
+    controls: Controls::Refused,
+};
+
+/// Passwords are hashed before they are stored, so any character, NUL included, reaches SQL only as
+/// part of an ASCII hash; refusing some would only lock out whoever already chose them.
+const PASSWORD: TextRule = TextRule {
+    field: "password",
+    noun: "a password",
+    chars: 8..=128,
+    unit: "characters",
+    trim: Trim::Never,
+    controls: Controls::Allowed,
+};
 
 /// A handle as stored: lower-cased ASCII letters, digits and underscores.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,20 +42,12 @@ pub struct Handle(String);
 
 impl Handle {
     pub fn parse(raw: &str) -> AppResult<Self> {
-        let handle = raw.trim().to_ascii_lowercase();
-        let well_formed = HANDLE_LEN.contains(&handle.len())
-            && handle
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        let handle = HANDLE.parse(raw)?.to_ascii_lowercase();
+        let well_formed = handle
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
         if !well_formed {
-            return Err(AppError::bad_input(
-                "handle",
-                format!(
-                    "a handle is {}–{} letters, digits or underscores",
-                    HANDLE_LEN.start(),
-                    HANDLE_LEN.end()
-                ),
-            ));
+            return Err(HANDLE.invalid());
         }
         Ok(Self(handle))
     }
@@ -46,18 +58,7 @@ impl Handle {
 }
 
 fn check_password(password: &str) -> AppResult<()> {
-    if PASSWORD_LEN.contains(&password.chars().count()) {
-        Ok(())
-    } else {
-        Err(AppError::bad_input(
-            "password",
-            format!(
-                "a password is {}–{} characters",
-                PASSWORD_LEN.start(),
-                PASSWORD_LEN.end()
-            ),
-        ))
-    }
+    PASSWORD.parse(password).map(|_| ())
 }
 
 pub struct Session {
@@ -163,14 +164,12 @@ impl AccountService {
     }
 
     pub async fn by_id(&self, id: i64) -> AppResult<Option<users::Model>> {
-        Ok(users::Entity::find_by_id(id).one(&self.db).await?)
+        Ok(retry_once(|| users::Entity::find_by_id(id).one(&self.db)).await?)
     }
 
     pub async fn by_ids(&self, ids: &[i64]) -> AppResult<Vec<users::Model>> {
-        Ok(users::Entity::find()
-            .filter(users::Column::Id.is_in(ids.iter().copied()))
-            .all(&self.db)
-            .await?)
+        let query = users::Entity::find().filter(users::Column::Id.is_in(ids.iter().copied()));
+        Ok(retry_once(|| query.clone().all(&self.db)).await?)
     }
 
     /// Fails with `FORBIDDEN` unless `user_id` currently holds the admin role.
@@ -220,10 +219,8 @@ pub async fn find_by_handle(
     db: &DatabaseConnection,
     handle: &Handle,
 ) -> AppResult<Option<users::Model>> {
-    Ok(users::Entity::find()
-        .filter(users::Column::Handle.eq(handle.as_str()))
-        .one(db)
-        .await?)
+    let query = users::Entity::find().filter(users::Column::Handle.eq(handle.as_str()));
+    Ok(retry_once(|| query.clone().one(db)).await?)
 }
 
 /// Grants or revokes the admin role; `NOT_FOUND` when no such user exists. Shared by the API's
@@ -259,6 +256,7 @@ mod tests {
             "émile",
             "x".repeat(33).as_str(),
             "semi;colon",
+            "nul\0byte",
         ] {
             assert_eq!(
                 Handle::parse(raw).unwrap_err().code(),

@@ -4,41 +4,43 @@ use sea_orm::{
     QueryOrder, QuerySelect, SqlErr,
 };
 
+use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
 use crate::graphql::pagination::{Page, PageRequest};
 use crate::realtime::{Hub, HubSubscription};
 use crate::redis::Redis;
+use crate::text::{Controls, TextRule, Trim};
 
 pub const MAX_TITLE_CHARS: usize = 200;
 pub const MAX_BODY_CHARS: usize = 50_000;
 
 /// A title as stored: trimmed, non-empty, bounded, free of control characters.
+const TITLE: TextRule = TextRule {
+    field: "title",
+    noun: "a title",
+    chars: 1..=MAX_TITLE_CHARS,
+    unit: "characters",
+    trim: Trim::Stored,
+    controls: Controls::Refused,
+};
+
+/// A body as stored: exactly as sent, with something besides whitespace.
+const BODY: TextRule = TextRule {
+    field: "body",
+    noun: "a body",
+    chars: 1..=MAX_BODY_CHARS,
+    unit: "characters",
+    trim: Trim::Kept,
+    controls: Controls::AllButNul,
+};
+
 fn parse_title(raw: &str) -> AppResult<String> {
-    let title = raw.trim();
-    if title.is_empty() || title.chars().count() > MAX_TITLE_CHARS {
-        return Err(AppError::bad_input(
-            "title",
-            format!("a title is 1–{MAX_TITLE_CHARS} characters"),
-        ));
-    }
-    if title.chars().any(char::is_control) {
-        return Err(AppError::bad_input(
-            "title",
-            "a title cannot contain control characters",
-        ));
-    }
-    Ok(title.to_owned())
+    TITLE.parse(raw).map(str::to_owned)
 }
 
 fn parse_body(raw: &str) -> AppResult<String> {
-    if raw.trim().is_empty() || raw.chars().count() > MAX_BODY_CHARS {
-        return Err(AppError::bad_input(
-            "body",
-            format!("a body is 1–{MAX_BODY_CHARS} characters"),
-        ));
-    }
-    Ok(raw.to_owned())
+    BODY.parse(raw).map(str::to_owned)
 }
 
 /// Validates and stores a new article (without announcing it). Shared by `publishArticle` and the
@@ -168,19 +170,19 @@ impl ArticleService {
         if let Some(body) = body {
             update = update.col_expr(articles::Column::Body, Expr::value(body));
         }
-        update.exec(&self.db).await?;
+        // Setting the same values twice leaves what setting them once does: safe to retry.
+        retry_once(|| update.clone().exec(&self.db)).await?;
         self.get(id).await?.ok_or(AppError::NotFound("article"))
     }
 
     pub async fn get(&self, id: i64) -> AppResult<Option<articles::Model>> {
-        Ok(articles::Entity::find_by_id(id).one(&self.db).await?)
+        Ok(retry_once(|| articles::Entity::find_by_id(id).one(&self.db)).await?)
     }
 
     pub async fn by_ids(&self, ids: &[i64]) -> AppResult<Vec<articles::Model>> {
-        Ok(articles::Entity::find()
-            .filter(articles::Column::Id.is_in(ids.iter().copied()))
-            .all(&self.db)
-            .await?)
+        let query =
+            articles::Entity::find().filter(articles::Column::Id.is_in(ids.iter().copied()));
+        Ok(retry_once(|| query.clone().all(&self.db)).await?)
     }
 
     /// Newest first, optionally by one author. Ids grow with publication, so "newest first" is a
@@ -197,7 +199,8 @@ impl ArticleService {
         if let Some(author_id) = author_id {
             query = query.filter(articles::Column::AuthorId.eq(author_id));
         }
-        let rows = query.limit(page.fetch_limit()).all(&self.db).await?;
+        let query = query.limit(page.fetch_limit());
+        let rows = retry_once(|| query.clone().all(&self.db)).await?;
         Ok(Page::from_overfetch(rows, page))
     }
 }
@@ -219,5 +222,6 @@ mod tests {
         assert!(parse_body("").is_err());
         assert!(parse_body(&"y".repeat(MAX_BODY_CHARS)).is_ok());
         assert!(parse_body(&"y".repeat(MAX_BODY_CHARS + 1)).is_err());
+        assert!(parse_body("nul\0inside").is_err());
     }
 }

@@ -15,10 +15,10 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready: SQL and Redis both answer within the probe timeout.
+/// Ready: SQL can take a write and Redis answers, each within the probe timeout.
 pub async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
     let (sql, redis) = tokio::join!(
-        tokio::time::timeout(PROBE_TIMEOUT, state.db.ping()),
+        tokio::time::timeout(PROBE_TIMEOUT, crate::db::probe_writable(&state.db)),
         tokio::time::timeout(PROBE_TIMEOUT, state.redis.ping()),
     );
     let sql_ok = matches!(sql, Ok(Ok(())));

@@ -137,12 +137,10 @@ impl ViewService {
     }
 
     async fn sql_view_count(&self, article: i64) -> AppResult<Option<i64>> {
-        Ok(articles::Entity::find_by_id(article)
+        let query = articles::Entity::find_by_id(article)
             .select_only()
-            .column(articles::Column::ViewCount)
-            .into_tuple::<i64>()
-            .one(&self.db)
-            .await?)
+            .column(articles::Column::ViewCount);
+        Ok(crate::db::retry_once(|| query.clone().into_tuple::<i64>().one(&self.db)).await?)
     }
 
     /// Live view state of many articles in one pipelined round trip.

@@ -7,5 +7,6 @@ mod crash;
 mod helpers;
 mod limits;
 mod ops;
+mod sql_input;
 mod subscriptions;
 mod views;
