@@ -36,7 +36,9 @@ fn with_codes(mut response: Response) -> Response {
     if response.errors.len() > MAX_ERRORS {
         let mut omitted = response.errors.split_off(MAX_ERRORS);
         ensure_code(&mut omitted[0]);
-        response.errors.push(omitted_errors(&omitted[0], omitted.len()));
+        response
+            .errors
+            .push(omitted_errors(&omitted[0], omitted.len()));
     }
     for error in &mut response.errors {
         ensure_code(error);

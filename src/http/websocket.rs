@@ -83,7 +83,9 @@ pub async fn serve<OnInit, InitFuture>(
                             break None;
                         }
                     }
-                    Some(WsMessage::Close(code, reason)) => break Some(close_frame(code, &reason)),
+                    Some(WsMessage::Close(code, reason)) => {
+                        break Some(lock(&session).protocol_close(code, &reason));
+                    }
                     None => break lock(&session).refusal.take(),
                 },
             }
@@ -102,10 +104,19 @@ pub async fn serve<OnInit, InitFuture>(
     }
 }
 
+/// Longest close reason: a control frame carries at most 125 bytes, two of them the code. A longer
+/// reason (an error message quoting the client, a client's long subscription id) would make the
+/// frame invalid, and the client would see a broken connection instead of the code.
+const MAX_CLOSE_REASON_BYTES: usize = 123;
+
 fn close_frame(code: u16, reason: &str) -> CloseFrame {
+    let mut end = reason.len().min(MAX_CLOSE_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
     CloseFrame {
         code,
-        reason: reason.into(),
+        reason: reason[..end].into(),
     }
 }
 
@@ -119,6 +130,8 @@ fn lock(session: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
 struct Session {
     protocol: WebSocketProtocols,
     initialised: bool,
+    /// Whether the server has sent `connection_ack`.
+    acknowledged: bool,
     /// graphql-transport-ws ids whose operation is still running: from the client's `subscribe`
     /// until the client's or the server's `complete`.
     running: HashSet<String>,
@@ -139,6 +152,7 @@ impl Session {
         Self {
             protocol,
             initialised: false,
+            acknowledged: false,
             running: HashSet::new(),
             refusal: None,
         }
@@ -168,15 +182,36 @@ impl Session {
         true
     }
 
-    /// Notes a server message: a `complete` frees its id for reuse.
+    /// Notes a server message: the `connection_ack`, and a `complete` that frees its id for reuse.
     fn sent(&mut self, text: &str) {
-        if self.running.is_empty() {
+        if self.acknowledged && self.running.is_empty() {
             return;
         }
-        if let Ok(Envelope { kind, id: Some(id) }) = serde_json::from_str(text)
-            && kind == "complete"
-        {
-            self.running.remove(&id);
+        let Ok(Envelope { kind, id }) = serde_json::from_str(text) else {
+            return;
+        };
+        match (kind.as_str(), id) {
+            ("connection_ack", _) => self.acknowledged = true,
+            ("complete", Some(id)) => {
+                self.running.remove(&id);
+            }
+            _ => {}
+        }
+    }
+
+    /// The close frame for a close async-graphql asks for. On graphql-transport-ws it uses generic
+    /// codes where the protocol names specific ones, which clients act on: a refused
+    /// `connection_init` is 4403, a `subscribe` before the acknowledgement 4401, a message that is
+    /// not one of the protocol's 4400.
+    fn protocol_close(&self, code: u16, reason: &str) -> CloseFrame {
+        if self.protocol != WebSocketProtocols::GraphQLWS {
+            return close_frame(code, reason);
+        }
+        match code {
+            1011 => close_frame(4401, "Unauthorized"),
+            1002 if self.initialised && !self.acknowledged => close_frame(4403, reason),
+            1002 => close_frame(4400, reason),
+            _ => close_frame(code, reason),
         }
     }
 }
@@ -184,6 +219,16 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn close_reasons_are_cut_to_fit_a_control_frame_on_a_character_boundary() {
+        let frame = close_frame(
+            4409,
+            &format!("Subscriber for {} already exists", "é".repeat(200)),
+        );
+        assert!(frame.reason.len() <= MAX_CLOSE_REASON_BYTES);
+        assert!(frame.reason.as_str().starts_with("Subscriber for é"));
+    }
 
     fn admit(session: &mut Session, message: serde_json::Value) -> bool {
         session.admit(message.to_string().as_bytes())

@@ -244,6 +244,20 @@ async fn a_duplicate_subscription_id_closes_the_socket_with_4409() {
     let frame = close_frame(&mut socket).await;
     assert_eq!(u16::from(frame.code), 4409);
     assert_eq!(frame.reason.as_str(), "Subscriber for 1 already exists");
+
+    let long_id = "x".repeat(10_000);
+    let subscribe =
+        json!({ "id": long_id, "type": "subscribe", "payload": { "query": SUBSCRIPTION } });
+    let mut socket = subscribed(
+        &app,
+        "graphql-transport-ws",
+        json!({}),
+        "subscribe",
+        &long_id,
+    )
+    .await;
+    send(&mut socket, subscribe).await;
+    assert_eq!(u16::from(close_frame(&mut socket).await.code), 4409);
 }
 
 #[tokio::test]
@@ -299,4 +313,32 @@ async fn stopping_the_server_closes_open_websockets_with_going_away() {
         .unwrap()
         .expect("a clean shutdown after the close");
     assert_eq!(connections.open(), 0);
+}
+
+#[tokio::test]
+async fn graphql_transport_ws_closes_with_the_codes_the_protocol_names() {
+    let app = TestApp::spawn().await;
+
+    let mut forged = open_socket(&app, "graphql-transport-ws").await;
+    let init = json!({ "type": "connection_init", "payload": { "token": "forged" } });
+    send(&mut forged, init).await;
+    assert_eq!(u16::from(close_frame(&mut forged).await.code), 4403);
+
+    let mut early = open_socket(&app, "graphql-transport-ws").await;
+    let subscribe = json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } });
+    send(&mut early, subscribe).await;
+    let frame = close_frame(&mut early).await;
+    assert_eq!(
+        (u16::from(frame.code), frame.reason.as_str()),
+        (4401, "Unauthorized")
+    );
+
+    let mut garbled = open_socket(&app, "graphql-transport-ws").await;
+    send(&mut garbled, json!({ "type": "connection_init" })).await;
+    assert_eq!(
+        next_message(&mut garbled).await.unwrap()["type"],
+        "connection_ack"
+    );
+    send(&mut garbled, json!({ "type": "no-such-message" })).await;
+    assert_eq!(u16::from(close_frame(&mut garbled).await.code), 4400);
 }

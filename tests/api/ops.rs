@@ -78,7 +78,11 @@ async fn shutdown_lets_in_flight_requests_finish() {
             tokio::spawn(http.post(url.clone()).json(&body).send())
         })
         .collect();
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    // Stop once the server holds every request's connection, rather than after a guessed delay.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.state.connections.open() < in_flight.len() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     let state = app.state.clone();
     app.stop().await.expect("a clean shutdown");
 
