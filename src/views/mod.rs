@@ -11,6 +11,7 @@ pub mod buckets;
 pub mod crawler;
 pub mod graphql;
 pub mod loader;
+pub mod rebuild;
 pub mod service;
 pub mod worker;
 
