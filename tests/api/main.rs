@@ -6,5 +6,6 @@ mod crash;
 mod helpers;
 mod limits;
 mod ops;
+mod rollback;
 mod subscriptions;
 mod views;
