@@ -7,8 +7,10 @@
 -- KEYS[4]  shard's base counts      hash article -> view_count as SQL has it
 -- KEYS[5]  shard's all-time ranking zset article -> views
 -- ARGV[1]  the shard's sequence as the caller found it in Redis
--- ARGV[2]  the sequence of the shard's last batch committed to SQL, which Redis takes on
--- ARGV[3]  the id of the caller's own in-flight batch, which SQL refused as stale ('' for none)
+-- ARGV[2]  the sequence of the shard's last batch committed to SQL, read before the articles of
+--          ARGV[4..]: Redis takes it on
+-- ARGV[3]  the id of the caller's own in-flight batch, which SQL refused as stale ('' when the
+--          caller found no batch in flight)
 -- ARGV[4..] pairs: article, its view_count in SQL, for each pending article that SQL says a batch
 --           newer than this Redis flushed. A take moves an article's whole pending count, so all
 --           of its pending views as of the snapshot are in SQL: its pending field is dropped.
@@ -20,8 +22,14 @@
 -- Returns the number of pending views dropped, or -1 when the shard changed since the caller looked
 -- (another process repaired it, or took a batch): then nothing is done.
 
+-- With ARGV[3] the caller's batch must still be the one in flight: if it is gone, the shard has
+-- moved on (another flusher cleared or repaired it) and the caller's view of it is stale.
 local batch = redis.call('HGET', KEYS[2], 'batch')
-if batch and batch ~= ARGV[3] then
+if ARGV[3] == '' then
+  if batch then
+    return -1
+  end
+elseif batch ~= ARGV[3] then
   return -1
 end
 if tonumber(redis.call('GET', KEYS[3]) or '0') ~= tonumber(ARGV[1]) then

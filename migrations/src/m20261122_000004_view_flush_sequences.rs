@@ -22,6 +22,16 @@ impl MigrationTrait for Migration {
                     .to_owned(),
             )
             .await?;
+        // One row per view shard (`VIEW_SHARDS` in src/redis/keys.rs; the flusher adds any missing
+        // row), so that the flusher's first pass after a start needs no writes before its takes.
+        let mut rows = Query::insert()
+            .into_table(ViewFlushShards::Table)
+            .columns([ViewFlushShards::Shard, ViewFlushShards::LastSeq])
+            .to_owned();
+        for shard in 0..16 {
+            rows.values_panic([shard.into(), 0.into()]);
+        }
+        manager.exec_stmt(rows).await?;
         manager
             .alter_table(
                 Table::alter()

@@ -201,7 +201,7 @@ impl ViewService {
     }
 
     /// Rewrites the cached base counts and the all-time ranking of every shard from SQL (plus
-    /// pending views); see [`rebuild`](super::rebuild).
+    /// pending views); see `views/rebuild.rs`.
     pub async fn rebuild(&self) -> AppResult<u64> {
         let shards: Vec<u32> = (0..VIEW_SHARDS).collect();
         rebuild::rebuild(&self.db, &self.redis, &shards, Caches::BaseAndRanking).await

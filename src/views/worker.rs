@@ -63,12 +63,17 @@ struct Batch {
 
 /// What the take step found.
 enum Taken {
-    Batch { batch: Batch, redrive: bool },
+    Batch {
+        batch: Batch,
+        redrive: bool,
+    },
     Empty,
     /// Another flusher holds the shard's batch.
     Busy,
     /// Redis's sequence for the shard is behind SQL's.
-    Behind { redis_seq: i64 },
+    Behind {
+        redis_seq: i64,
+    },
 }
 
 enum Committed {
@@ -142,8 +147,10 @@ impl ViewFlusher {
     pub async fn flush_all(&self) -> AppResult<FlushReport> {
         let mut report = FlushReport::default();
         let mut first_error = None;
+        let sql_seqs = self.sql_seqs().await?;
         for shard in 0..VIEW_SHARDS {
-            if let Err(err) = self.flush_shard(shard, &mut report).await {
+            let sql_seq = sql_seqs.get(&shard).copied().unwrap_or(0);
+            if let Err(err) = self.flush_shard(shard, sql_seq, &mut report).await {
                 first_error.get_or_insert(err);
             }
         }
@@ -153,9 +160,17 @@ impl ViewFlusher {
         }
     }
 
-    async fn flush_shard(&self, shard: u32, report: &mut FlushReport) -> AppResult<()> {
-        for _ in 0..STEPS_PER_SHARD {
-            let sql_seq = self.sql_seq(shard).await?;
+    /// `sql_seq` is the shard's last committed sequence as SQL had it at the start of the pass.
+    async fn flush_shard(
+        &self,
+        shard: u32,
+        mut sql_seq: i64,
+        report: &mut FlushReport,
+    ) -> AppResult<()> {
+        for step in 0..STEPS_PER_SHARD {
+            if step > 0 {
+                sql_seq = self.sql_seq(shard).await?;
+            }
             match self.take(shard, sql_seq).await? {
                 Taken::Empty => return Ok(()),
                 Taken::Busy => {
@@ -187,7 +202,41 @@ impl ViewFlusher {
         Ok(())
     }
 
-    /// The sequence of the shard's last batch committed to SQL (0 before the first).
+    /// Every shard's last committed sequence in SQL, in one query. Creates the rows of shards that
+    /// have none yet (0), outside any commit: a commit then only updates an existing row, which
+    /// MariaDB locks alone, rather than inserting into a gap that concurrent commits also lock.
+    async fn sql_seqs(&self) -> AppResult<HashMap<u32, i64>> {
+        let rows: Vec<(i32, i64)> = view_flush_shards::Entity::find()
+            .select_only()
+            .column(view_flush_shards::Column::Shard)
+            .column(view_flush_shards::Column::LastSeq)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let seqs: HashMap<u32, i64> = rows
+            .into_iter()
+            .map(|(shard, last_seq)| (shard as u32, last_seq))
+            .collect();
+        for shard in (0..VIEW_SHARDS).filter(|shard| !seqs.contains_key(shard)) {
+            let first = view_flush_shards::ActiveModel {
+                shard: Set(shard as i32),
+                last_seq: Set(0),
+            };
+            if let Err(err) = view_flush_shards::Entity::insert(first)
+                .exec_without_returning(&self.db)
+                .await
+            {
+                // Another flusher created it meanwhile: at 0, or past it, which the commit's
+                // own check catches.
+                if !matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) {
+                    return Err(err.into());
+                }
+            }
+        }
+        Ok(seqs)
+    }
+
+    /// One shard's last committed sequence in SQL.
     async fn sql_seq(&self, shard: u32) -> AppResult<i64> {
         Ok(view_flush_shards::Entity::find_by_id(shard as i32)
             .select_only()
@@ -322,8 +371,11 @@ impl ViewFlusher {
             .arg(keys.pending())
             .query_async(&mut conn)
             .await?;
-        let flushed = self.flushed_since(&pending, redis_seq).await?;
+        // SQL's sequence first: a batch committed after this read (one taken from the Redis of
+        // before the rollback, by a flusher that was still running) may be missing from the
+        // articles below, and then Redis stays behind it and the next flush repairs again.
         let sql_seq = self.sql_seq(shard).await?;
+        let flushed = self.flushed_since(&pending, redis_seq).await?;
         let mut invocation = self.redis.scripts.view_flush_repair.prepare_invoke();
         invocation
             .key(keys.pending())
@@ -340,7 +392,10 @@ impl ViewFlusher {
         }
         let dropped: i64 = invocation.invoke_async(&mut conn).await?;
         if dropped < 0 {
-            tracing::info!(shard, "view shard changed before its repair; another flusher has it");
+            tracing::info!(
+                shard,
+                "view shard changed before its repair; another flusher has it"
+            );
             return Ok(());
         }
         metrics::counter!("pulse_view_rollbacks_total").increment(1);
@@ -436,7 +491,8 @@ impl ViewFlusher {
     }
 }
 
-/// Records `seq` as the shard's last committed sequence, provided SQL has not passed it.
+/// Records `seq` as the shard's last committed sequence, provided SQL has not passed it. The row
+/// exists: the pass created it before taking anything.
 async fn advance_seq(txn: &DatabaseTransaction, shard: u32, seq: i64) -> AppResult<bool> {
     let advanced = view_flush_shards::Entity::update_many()
         .col_expr(view_flush_shards::Column::LastSeq, Expr::value(seq))
@@ -444,22 +500,5 @@ async fn advance_seq(txn: &DatabaseTransaction, shard: u32, seq: i64) -> AppResu
         .filter(view_flush_shards::Column::LastSeq.lt(seq))
         .exec(txn)
         .await?;
-    if advanced.rows_affected > 0 {
-        return Ok(true);
-    }
-    // No row yet (the shard's first batch), or a row at `seq` or beyond: the insert tells which.
-    let first = view_flush_shards::ActiveModel {
-        shard: Set(shard as i32),
-        last_seq: Set(seq),
-    };
-    match view_flush_shards::Entity::insert(first)
-        .exec_without_returning(txn)
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(err) => match err.sql_err() {
-            Some(SqlErr::UniqueConstraintViolation(_)) => Ok(false),
-            _ => Err(err.into()),
-        },
-    }
+    Ok(advanced.rows_affected > 0)
 }

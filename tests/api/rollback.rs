@@ -134,7 +134,10 @@ async fn articles_in_one_shard(app: &TestApp, same_shard: usize) -> Vec<String> 
 async fn a_redis_restored_from_an_older_snapshot_never_counts_flushed_views_twice() {
     let app = app_behind_proxy().await;
     let article = publish_one(&app).await;
-    assert_eq!(concurrent_views(&app, &article, 300, distinct_ip).await, 300);
+    assert_eq!(
+        concurrent_views(&app, &article, 300, distinct_ip).await,
+        300
+    );
     let saved = snapshot(&app.state.redis).await;
 
     // A clean shutdown flushes the 300 views; then Redis restarts from the snapshot and so does
@@ -160,6 +163,7 @@ async fn a_redis_restored_from_an_older_snapshot_never_counts_flushed_views_twic
     assert_eq!(sql_view_count(&app, &article).await, 300);
     assert_eq!(view_count(&app, &article).await, 300);
     assert_eq!(pending_entries(&app).await, 0);
+    assert!(app.metrics().await.contains("pulse_view_rollbacks_total"));
     let again = flusher(&app).flush_all().await.unwrap();
     assert_eq!(again.views, 0, "the stale pending views were flushed again");
     assert_eq!(sql_view_count(&app, &article).await, 300);
@@ -177,7 +181,10 @@ async fn a_redis_restored_from_an_older_snapshot_never_counts_flushed_views_twic
 async fn a_snapshot_taken_while_a_batch_was_in_flight_is_still_exact() {
     let app = app_behind_proxy().await;
     let article = publish_one(&app).await;
-    assert_eq!(concurrent_views(&app, &article, 200, distinct_ip).await, 200);
+    assert_eq!(
+        concurrent_views(&app, &article, 200, distinct_ip).await,
+        200
+    );
 
     let lock = SqlLock::take(&app.config.database_url()).await;
     let blocked = {
@@ -195,7 +202,11 @@ async fn a_snapshot_taken_while_a_batch_was_in_flight_is_still_exact() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    assert_eq!(redis_seq(&app, &article).await, 1, "the flusher took nothing");
+    assert_eq!(
+        redis_seq(&app, &article).await,
+        1,
+        "the flusher took nothing"
+    );
     let saved = snapshot(&app.state.redis).await;
     lock.release().await;
     assert_eq!(blocked.await.unwrap().unwrap().views, 200);
@@ -228,7 +239,10 @@ async fn a_snapshot_taken_while_a_batch_was_in_flight_is_still_exact() {
 async fn a_redis_that_lost_everything_doubles_nothing_and_counts_on_from_sql() {
     let app = app_behind_proxy().await;
     let article = publish_one(&app).await;
-    assert_eq!(concurrent_views(&app, &article, 120, distinct_ip).await, 120);
+    assert_eq!(
+        concurrent_views(&app, &article, 120, distinct_ip).await,
+        120
+    );
     flusher(&app).flush_all().await.unwrap();
     assert_eq!(sql_view_count(&app, &article).await, 120);
 
@@ -243,7 +257,10 @@ async fn a_redis_that_lost_everything_doubles_nothing_and_counts_on_from_sql() {
     let fresh = record(&app, &article, "203.0.113.78", BROWSER).await;
     assert_eq!(fresh["data"]["recordView"]["viewCount"], 121);
     let report = flusher(&app).flush_all().await.unwrap();
-    assert_eq!(report.views, 1, "the view counted after the loss reached SQL");
+    assert_eq!(
+        report.views, 1,
+        "the view counted after the loss reached SQL"
+    );
     assert_eq!(sql_view_count(&app, &article).await, 121);
     assert_eq!(view_count(&app, &article).await, 121);
     assert_eq!(top_score(&app).await, 121.0);

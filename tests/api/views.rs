@@ -21,7 +21,12 @@ pub(crate) async fn app_behind_proxy() -> Arc<TestApp> {
     )
 }
 
-pub(crate) async fn record(app: &TestApp, article: &str, client_ip: &str, user_agent: &str) -> Value {
+pub(crate) async fn record(
+    app: &TestApp,
+    article: &str,
+    client_ip: &str,
+    user_agent: &str,
+) -> Value {
     let body = json!({ "query": RECORD, "variables": { "a": article } }).to_string();
     let headers = [("x-forwarded-for", client_ip), ("user-agent", user_agent)];
     app.post_with_headers(body, None, &headers).await.1
