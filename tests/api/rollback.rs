@@ -416,3 +416,48 @@ async fn views_during_a_rollback_repair_are_never_counted_twice() {
     }
     assert_eq!(pending_entries(&app).await, 0);
 }
+
+/// The snapshot holds a batch taken but never committed (Redis died first), and SQL has committed
+/// the same sequence under another batch since: SQL refuses the stale batch when it is re-driven.
+#[tokio::test]
+async fn sql_refuses_a_batch_taken_from_a_redis_that_rolled_back() {
+    let app = app_behind_proxy().await;
+    let article = publish_one(&app).await;
+    assert_eq!(concurrent_views(&app, &article, 10, distinct_ip).await, 10);
+    let saved = snapshot(&app.state.redis).await;
+    flusher(&app).flush_all().await.unwrap();
+    assert_eq!(sql_view_count(&app, &article).await, 10);
+
+    restore(&app.state.redis, &saved).await;
+    let row = article_row(&article);
+    let shard = app.state.redis.keys.view_shard(row);
+    let mut conn = app.state.redis.conn.clone();
+    let () = redis::pipe()
+        .hset_multiple(
+            shard.in_flight(),
+            &[
+                ("batch", "v-never-committed".to_owned()),
+                ("lease", "0".to_owned()),
+                ("seq", "1".to_owned()),
+                (&row.to_string(), "10".to_owned()),
+            ],
+        )
+        .ignore()
+        .set(shard.seq(), 1)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let report = flusher(&app).flush_all().await.unwrap();
+    assert_eq!(report.views, 0, "the stale batch was applied");
+    assert_eq!((report.repaired_shards, report.dropped_views), (1, 10));
+    assert_eq!(sql_view_count(&app, &article).await, 10);
+    assert_eq!(view_count(&app, &article).await, 10);
+    assert_eq!(pending_entries(&app).await, 0);
+
+    let fresh = record(&app, &article, "203.0.113.79", BROWSER).await;
+    assert_eq!(fresh["data"]["recordView"]["viewCount"], 11);
+    flusher(&app).flush_all().await.unwrap();
+    assert_eq!(sql_view_count(&app, &article).await, 11);
+}
