@@ -3,7 +3,7 @@
 -- SQL counts as the base, in one step, so base + pending never double counts nor drops a view.
 --
 -- KEYS[1]  shard's pending deltas   hash article -> views not yet in SQL
--- KEYS[2]  shard's in-flight batch  hash: 'batch', 'lease', article -> views
+-- KEYS[2]  shard's in-flight batch  hash: 'batch', 'lease', 'seq', article -> views
 -- KEYS[3]  shard's base counts      hash article -> view_count as SQL has it
 -- KEYS[4]  shard's all-time ranking zset article -> views
 -- ARGV[1]  the committed batch's id
@@ -18,7 +18,7 @@ end
 local fields = redis.call('HGETALL', KEYS[2])
 for i = 1, #fields, 2 do
   local article = fields[i]
-  if article ~= 'batch' and article ~= 'lease' then
+  if article ~= 'batch' and article ~= 'lease' and article ~= 'seq' then
     local left = redis.call('HINCRBY', KEYS[1], article, -tonumber(fields[i + 1]))
     if left <= 0 then
       redis.call('HDEL', KEYS[1], article)

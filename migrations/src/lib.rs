@@ -5,6 +5,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261121_000001_create_users;
 mod m20261121_000002_create_articles;
 mod m20261121_000003_create_view_flush_batches;
+mod m20261122_000004_view_flush_sequences;
 mod m20261122_000005_widen_text_columns;
 
 pub struct Migrator;
@@ -16,6 +17,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261121_000001_create_users::Migration),
             Box::new(m20261121_000002_create_articles::Migration),
             Box::new(m20261121_000003_create_view_flush_batches::Migration),
+            Box::new(m20261122_000004_view_flush_sequences::Migration),
             Box::new(m20261122_000005_widen_text_columns::Migration),
         ]
     }

@@ -12,6 +12,10 @@ pub struct Model {
     pub body: String,
     pub view_count: i64,
     pub like_count: i64,
+    /// Sequence of the last view batch that flushed this article; see the flush-sequence migration.
+    /// Defaulted on decode: publish events from processes older than the column lack it.
+    #[serde(default)]
+    pub view_flush_seq: i64,
     pub created_at: DateTime,
     pub updated_at: DateTime,
 }

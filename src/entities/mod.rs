@@ -4,3 +4,4 @@
 pub mod articles;
 pub mod users;
 pub mod view_flush_batches;
+pub mod view_flush_shards;

@@ -110,6 +110,12 @@ impl ViewShardKeys<'_> {
         self.key("inflight")
     }
 
+    /// String: the flush sequence of the shard's last taken batch, which SQL's `view_flush_shards`
+    /// must not be ahead of.
+    pub fn seq(&self) -> String {
+        self.key("seq")
+    }
+
     /// Sorted set article → all-time views.
     pub fn rank_all_time(&self) -> String {
         self.key("rank:all")
@@ -147,6 +153,7 @@ mod tests {
             shard.base(),
             shard.pending(),
             shard.in_flight(),
+            shard.seq(),
             shard.rank_all_time(),
             shard.rank_bucket("20261121"),
         ] {

@@ -14,6 +14,8 @@ pub struct Scripts {
     pub view_flush_take: Script,
     /// Last step of a view flush: see `lua/view_flush_clear.lua`.
     pub view_flush_clear: Script,
+    /// Repair of a shard whose Redis is behind SQL: see `lua/view_flush_repair.lua`.
+    pub view_flush_repair: Script,
 }
 
 impl Scripts {
@@ -23,15 +25,17 @@ impl Scripts {
             record_view: Script::new(include_str!("../../lua/record_view.lua")),
             view_flush_take: Script::new(include_str!("../../lua/view_flush_take.lua")),
             view_flush_clear: Script::new(include_str!("../../lua/view_flush_clear.lua")),
+            view_flush_repair: Script::new(include_str!("../../lua/view_flush_repair.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 4] {
+    fn all(&self) -> [&Script; 5] {
         [
             &self.rate_limit,
             &self.record_view,
             &self.view_flush_take,
             &self.view_flush_clear,
+            &self.view_flush_repair,
         ]
     }
 

@@ -3,14 +3,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono_tz::Tz;
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{DatabaseConnection, EntityTrait, QuerySelect};
 
 use super::buckets;
 use super::crawler::CrawlerDetector;
+use super::rebuild::{self, Caches};
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
 use crate::redis::Redis;
-use crate::redis::keys::{VIEW_SHARDS, Viewer, view_shard_of};
+use crate::redis::keys::{VIEW_SHARDS, Viewer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
@@ -197,72 +198,10 @@ impl ViewService {
         Ok(merged)
     }
 
-    /// Rewrites the cached base counts and the all-time ranking from SQL (plus pending views).
-    /// New keys are built aside and renamed into place, so readers never see a half-built ranking.
-    /// Views counted while the rebuild runs may be missing from the ranking until the next rebuild;
-    /// the counts themselves are never touched.
+    /// Rewrites the cached base counts and the all-time ranking of every shard from SQL (plus
+    /// pending views); see `views/rebuild.rs`.
     pub async fn rebuild(&self) -> AppResult<u64> {
-        let mut conn = self.redis.conn.clone();
-        let shards: Vec<_> = (0..VIEW_SHARDS)
-            .map(|index| self.redis.keys.view_shard_by_index(index))
-            .collect();
-        let aside = |key: String| format!("{key}:rebuild");
-        let mut reads = redis::pipe();
-        for shard in &shards {
-            reads
-                .del(aside(shard.base()))
-                .ignore()
-                .del(aside(shard.rank_all_time()))
-                .ignore();
-            reads.hgetall(shard.pending());
-        }
-        let pending: Vec<HashMap<i64, i64>> = reads.query_async(&mut conn).await?;
-        let mut filled = [false; VIEW_SHARDS as usize];
-        let mut rebuilt = 0;
-        let mut after = 0;
-        loop {
-            let rows: Vec<(i64, i64)> = articles::Entity::find()
-                .select_only()
-                .column(articles::Column::Id)
-                .column(articles::Column::ViewCount)
-                .filter(articles::Column::Id.gt(after))
-                .order_by_asc(articles::Column::Id)
-                .limit(1000)
-                .into_tuple()
-                .all(&self.db)
-                .await?;
-            let Some(&(last, _)) = rows.last() else { break };
-            after = last;
-            let mut writes = redis::pipe();
-            for &(article, count) in &rows {
-                let index = view_shard_of(article) as usize;
-                let score = count + pending[index].get(&article).copied().unwrap_or(0);
-                writes
-                    .hset(aside(shards[index].base()), article, count)
-                    .ignore();
-                writes
-                    .zadd(aside(shards[index].rank_all_time()), article, score)
-                    .ignore();
-                filled[index] = true;
-            }
-            let () = writes.query_async(&mut conn).await?;
-            rebuilt += rows.len() as u64;
-        }
-        let mut swap = redis::pipe();
-        swap.atomic();
-        for (shard, filled) in shards.iter().zip(filled) {
-            if filled {
-                swap.rename(aside(shard.base()), shard.base()).ignore();
-                swap.rename(aside(shard.rank_all_time()), shard.rank_all_time())
-                    .ignore();
-            } else {
-                swap.del(shard.base())
-                    .ignore()
-                    .del(shard.rank_all_time())
-                    .ignore();
-            }
-        }
-        let () = swap.query_async(&mut conn).await?;
-        Ok(rebuilt)
+        let shards: Vec<u32> = (0..VIEW_SHARDS).collect();
+        rebuild::rebuild(&self.db, &self.redis, &shards, Caches::BaseAndRanking).await
     }
 }

@@ -13,18 +13,30 @@
 //! the next flush of any process (including this one after a restart) re-drives it from step 2,
 //! and step 2's batch id makes that replay harmless. Several processes may flush at once: a shard
 //! with a live lease is skipped by the others.
+//!
+//! Redis may also come back older than SQL: restarted from a snapshot or AOF that misses its last
+//! writes, or a replica promoted before it caught up. Its pending deltas then hold views that a
+//! later batch already committed, and flushing them would count them twice. Each shard's batches
+//! therefore carry a flush sequence: Redis keeps the last one taken, SQL the last one committed
+//! (`view_flush_shards`) and, per article, the one that last flushed it (`view_flush_seq`). A
+//! commit refuses a batch whose sequence SQL has passed. A take is refused while Redis's sequence
+//! is behind SQL's; the flusher then repairs the shard (`lua/view_flush_repair.lua`): a pending
+//! article that SQL says was flushed after Redis's sequence had its whole pending count taken by
+//! that flush, so its pending field is dropped; other pending articles keep theirs. The check runs
+//! at every flush, the first one at start-up included, after any batch left in flight is re-driven.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait as _};
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    QuerySelect, SqlErr, TransactionTrait,
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, DatabaseTransaction,
+    EntityTrait, QueryFilter, QuerySelect, SqlErr, TransactionTrait,
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::entities::{articles, view_flush_batches};
+use super::rebuild::{self, Caches};
+use crate::entities::{articles, view_flush_batches, view_flush_shards};
 use crate::error::{AppError, AppResult};
 use crate::redis::Redis;
 use crate::redis::keys::VIEW_SHARDS;
@@ -37,12 +49,38 @@ const UPDATE_CHUNK: usize = 500;
 /// finds its id.
 const BATCH_ID_RETENTION: chrono::TimeDelta = chrono::TimeDelta::days(7);
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// Most take steps one shard gets per pass: a re-driven batch or a repair is followed at once by a
+/// fresh take, and a shard that keeps changing under the flusher waits for the next pass.
+const STEPS_PER_SHARD: usize = 4;
 
 /// One shard's batch as the take step returned it.
 #[derive(Debug)]
 struct Batch {
     id: String,
+    seq: i64,
     deltas: Vec<(i64, i64)>,
+}
+
+/// What the take step found.
+enum Taken {
+    Batch {
+        batch: Batch,
+        redrive: bool,
+    },
+    Empty,
+    /// Another flusher holds the shard's batch.
+    Busy,
+    /// Redis's sequence for the shard is behind SQL's.
+    Behind {
+        redis_seq: i64,
+    },
+}
+
+enum Committed {
+    /// Every article's `view_count` after the batch (`None` for an article that no longer exists).
+    Applied(HashMap<i64, Option<i64>>),
+    /// SQL has committed a later batch under another id: this one came from a Redis that rolled back.
+    Stale,
 }
 
 /// What one pass over all shards moved.
@@ -52,6 +90,10 @@ pub struct FlushReport {
     pub views: i64,
     /// Shards skipped because another flusher holds their batch.
     pub busy_shards: usize,
+    /// Shards repaired because Redis came back older than SQL.
+    pub repaired_shards: usize,
+    /// Pending views those repairs dropped because SQL already held them.
+    pub dropped_views: i64,
 }
 
 #[derive(Clone)]
@@ -105,17 +147,11 @@ impl ViewFlusher {
     pub async fn flush_all(&self) -> AppResult<FlushReport> {
         let mut report = FlushReport::default();
         let mut first_error = None;
+        let sql_seqs = self.sql_seqs().await?;
         for shard in 0..VIEW_SHARDS {
-            match self.flush_shard(shard).await {
-                Ok(Flushed::Batch(views)) => {
-                    report.batches += 1;
-                    report.views += views;
-                }
-                Ok(Flushed::Busy) => report.busy_shards += 1,
-                Ok(Flushed::Nothing) => {}
-                Err(err) => {
-                    first_error.get_or_insert(err);
-                }
+            let sql_seq = sql_seqs.get(&shard).copied().unwrap_or(0);
+            if let Err(err) = self.flush_shard(shard, sql_seq, &mut report).await {
+                first_error.get_or_insert(err);
             }
         }
         match first_error {
@@ -124,22 +160,95 @@ impl ViewFlusher {
         }
     }
 
-    async fn flush_shard(&self, shard: u32) -> AppResult<Flushed> {
-        let Some(batch) = self.take(shard).await? else {
-            return Ok(Flushed::Busy);
-        };
-        if batch.deltas.is_empty() {
-            return Ok(Flushed::Nothing);
+    /// `sql_seq` is the shard's last committed sequence as SQL had it at the start of the pass.
+    async fn flush_shard(
+        &self,
+        shard: u32,
+        mut sql_seq: i64,
+        report: &mut FlushReport,
+    ) -> AppResult<()> {
+        for step in 0..STEPS_PER_SHARD {
+            if step > 0 {
+                sql_seq = self.sql_seq(shard).await?;
+            }
+            match self.take(shard, sql_seq).await? {
+                Taken::Empty => return Ok(()),
+                Taken::Busy => {
+                    report.busy_shards += 1;
+                    return Ok(());
+                }
+                Taken::Behind { redis_seq } => {
+                    self.repair(shard, redis_seq, redis_seq, None, report)
+                        .await?;
+                }
+                Taken::Batch { batch, redrive } => match self.commit(shard, &batch).await? {
+                    Committed::Applied(counts) => {
+                        self.clear(shard, &batch, &counts).await?;
+                        report.batches += 1;
+                        report.views += batch.deltas.iter().map(|(_, views)| views).sum::<i64>();
+                        if !redrive {
+                            return Ok(());
+                        }
+                    }
+                    // The take bumped Redis's sequence to the batch's, so Redis was at the one
+                    // before it.
+                    Committed::Stale => {
+                        self.repair(shard, batch.seq, batch.seq - 1, Some(&batch.id), report)
+                            .await?;
+                    }
+                },
+            }
         }
-        let counts = self.commit(&batch).await?;
-        self.clear(shard, &batch, &counts).await?;
-        Ok(Flushed::Batch(
-            batch.deltas.iter().map(|(_, views)| views).sum(),
-        ))
+        Ok(())
     }
 
-    /// Step 1. `None` when another flusher holds the shard; an empty batch when nothing is pending.
-    async fn take(&self, shard: u32) -> AppResult<Option<Batch>> {
+    /// Every shard's last committed sequence in SQL, in one query. Creates the rows of shards that
+    /// have none yet (0), outside any commit: a commit then only updates an existing row, which
+    /// MariaDB locks alone, rather than inserting into a gap that concurrent commits also lock.
+    async fn sql_seqs(&self) -> AppResult<HashMap<u32, i64>> {
+        let rows: Vec<(i32, i64)> = view_flush_shards::Entity::find()
+            .select_only()
+            .column(view_flush_shards::Column::Shard)
+            .column(view_flush_shards::Column::LastSeq)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let seqs: HashMap<u32, i64> = rows
+            .into_iter()
+            .map(|(shard, last_seq)| (shard as u32, last_seq))
+            .collect();
+        for shard in (0..VIEW_SHARDS).filter(|shard| !seqs.contains_key(shard)) {
+            let first = view_flush_shards::ActiveModel {
+                shard: Set(shard as i32),
+                last_seq: Set(0),
+            };
+            if let Err(err) = view_flush_shards::Entity::insert(first)
+                .exec_without_returning(&self.db)
+                .await
+            {
+                // Another flusher created it meanwhile: at 0, or past it, which the commit's
+                // own check catches.
+                if !matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) {
+                    return Err(err.into());
+                }
+            }
+        }
+        Ok(seqs)
+    }
+
+    /// One shard's last committed sequence in SQL.
+    async fn sql_seq(&self, shard: u32) -> AppResult<i64> {
+        Ok(view_flush_shards::Entity::find_by_id(shard as i32)
+            .select_only()
+            .column(view_flush_shards::Column::LastSeq)
+            .into_tuple::<i64>()
+            .one(&self.db)
+            .await?
+            .unwrap_or(0))
+    }
+
+    /// Step 1.
+    async fn take(&self, shard: u32, sql_seq: i64) -> AppResult<Taken> {
         let keys = self.redis.keys.view_shard_by_index(shard);
         let new_id = format!("v{shard}-{:032x}", rand::random::<u128>());
         let mut conn = self.redis.conn.clone();
@@ -149,38 +258,48 @@ impl ViewFlusher {
             .view_flush_take
             .key(keys.pending())
             .key(keys.in_flight())
+            .key(keys.seq())
             .arg(&new_id)
             .arg(self.lease.as_millis() as u64)
             .arg(MAX_BATCH_ARTICLES)
+            .arg(sql_seq)
             .invoke_async(&mut conn)
             .await?;
         let malformed =
             || AppError::Internal(format!("unexpected reply from view_flush_take: {reply:?}"));
         match reply.first().map(String::as_str) {
-            Some("busy") => Ok(None),
-            Some("empty") => Ok(Some(Batch {
-                id: new_id,
-                deltas: Vec::new(),
-            })),
+            Some("busy") => Ok(Taken::Busy),
+            Some("empty") => Ok(Taken::Empty),
+            Some("behind") => {
+                let redis_seq = reply.get(1).and_then(|seq| seq.parse().ok());
+                Ok(Taken::Behind {
+                    redis_seq: redis_seq.ok_or_else(malformed)?,
+                })
+            }
             Some(status @ ("taken" | "redrive")) => {
                 let id = reply.get(1).cloned().ok_or_else(malformed)?;
-                let deltas = reply[2..]
+                let seq = reply.get(2).and_then(|seq| seq.parse().ok());
+                let seq = seq.ok_or_else(malformed)?;
+                let deltas = reply[3..]
                     .chunks_exact(2)
                     .map(|pair| Some((pair[0].parse().ok()?, pair[1].parse().ok()?)))
                     .collect::<Option<Vec<(i64, i64)>>>()
                     .ok_or_else(malformed)?;
-                if status == "redrive" {
+                let redrive = status == "redrive";
+                if redrive {
                     tracing::info!(batch.id = %id, shard, "re-driving a view batch left in flight");
                 }
-                Ok(Some(Batch { id, deltas }))
+                Ok(Taken::Batch {
+                    batch: Batch { id, seq, deltas },
+                    redrive,
+                })
             }
             _ => Err(malformed()),
         }
     }
 
-    /// Step 2: applies the batch to SQL once, and returns every article's `view_count` after it
-    /// (`None` for an article that no longer exists).
-    async fn commit(&self, batch: &Batch) -> AppResult<HashMap<i64, Option<i64>>> {
+    /// Step 2: applies the batch to SQL once, unless SQL has passed its sequence.
+    async fn commit(&self, shard: u32, batch: &Batch) -> AppResult<Committed> {
         let ids: Vec<i64> = batch.deltas.iter().map(|(article, _)| *article).collect();
         let txn = self.db.begin().await?;
         // The marker goes first: it makes the transaction a writer from its first statement (SQLite
@@ -196,10 +315,20 @@ impl ViewFlusher {
                 Some(SqlErr::UniqueConstraintViolation(_)) => {
                     tracing::info!(batch.id = %batch.id, "view batch was applied before; not applying it again");
                     drop(txn);
-                    self.view_counts(&self.db, &ids).await
+                    Ok(Committed::Applied(self.view_counts(&self.db, &ids).await?))
                 }
                 _ => Err(err.into()),
             };
+        }
+        if !advance_seq(&txn, shard, batch.seq).await? {
+            drop(txn);
+            tracing::warn!(
+                batch.id = %batch.id,
+                batch.seq,
+                shard,
+                "SQL has committed this view batch's sequence under another batch: it was taken from a Redis that rolled back; not applying it"
+            );
+            return Ok(Committed::Stale);
         }
         for chunk in batch.deltas.chunks(UPDATE_CHUNK) {
             let mut by_article = CaseStatement::new();
@@ -212,13 +341,96 @@ impl ViewFlusher {
             let by_article = by_article.finally(Expr::col(articles::Column::ViewCount));
             articles::Entity::update_many()
                 .col_expr(articles::Column::ViewCount, by_article.into())
+                .col_expr(articles::Column::ViewFlushSeq, Expr::value(batch.seq))
                 .filter(articles::Column::Id.is_in(chunk.iter().map(|(article, _)| *article)))
                 .exec(&txn)
                 .await?;
         }
         let counts = self.view_counts(&txn, &ids).await?;
         txn.commit().await?;
-        Ok(counts)
+        Ok(Committed::Applied(counts))
+    }
+
+    /// Brings a shard whose Redis is at sequence `redis_seq` (as far as its pending deltas go) up to
+    /// SQL: see `lua/view_flush_repair.lua`. `expected_seq` is the sequence the shard's key must
+    /// still hold and `discard` the caller's own batch that SQL refused, so that a repair racing
+    /// another one, or a take, changes nothing.
+    async fn repair(
+        &self,
+        shard: u32,
+        expected_seq: i64,
+        redis_seq: i64,
+        discard: Option<&str>,
+        report: &mut FlushReport,
+    ) -> AppResult<()> {
+        let keys = self.redis.keys.view_shard_by_index(shard);
+        let mut conn = self.redis.conn.clone();
+        // Read outside the script: an article that enters pending after this read had nothing
+        // pending at the snapshot, so whatever it has now is genuinely new and rightly kept.
+        let pending: Vec<i64> = redis::cmd("HKEYS")
+            .arg(keys.pending())
+            .query_async(&mut conn)
+            .await?;
+        // SQL's sequence first: a batch committed after this read (one taken from the Redis of
+        // before the rollback, by a flusher that was still running) may be missing from the
+        // articles below, and then Redis stays behind it and the next flush repairs again.
+        let sql_seq = self.sql_seq(shard).await?;
+        let flushed = self.flushed_since(&pending, redis_seq).await?;
+        let mut invocation = self.redis.scripts.view_flush_repair.prepare_invoke();
+        invocation
+            .key(keys.pending())
+            .key(keys.in_flight())
+            .key(keys.seq())
+            .key(keys.base())
+            .key(keys.rank_all_time());
+        invocation
+            .arg(expected_seq)
+            .arg(sql_seq)
+            .arg(discard.unwrap_or_default());
+        for (article, count) in &flushed {
+            invocation.arg(article).arg(count);
+        }
+        let dropped: i64 = invocation.invoke_async(&mut conn).await?;
+        if dropped < 0 {
+            tracing::info!(
+                shard,
+                "view shard changed before its repair; another flusher has it"
+            );
+            return Ok(());
+        }
+        metrics::counter!("pulse_view_rollbacks_total").increment(1);
+        metrics::counter!("pulse_view_rollback_dropped_views_total").increment(dropped as u64);
+        tracing::warn!(
+            shard,
+            redis.seq = redis_seq,
+            sql.seq = sql_seq,
+            views.dropped = dropped,
+            articles.repaired = flushed.len(),
+            "Redis came back older than SQL; dropped the pending views SQL already holds"
+        );
+        report.repaired_shards += 1;
+        report.dropped_views += dropped;
+        // Articles flushed after the snapshot without anything pending there have a stale score.
+        rebuild::rebuild(&self.db, &self.redis, &[shard], Caches::Ranking).await?;
+        Ok(())
+    }
+
+    /// `(article, view_count)` of those of `ids` that a batch after `seq` flushed.
+    async fn flushed_since(&self, ids: &[i64], seq: i64) -> AppResult<Vec<(i64, i64)>> {
+        let mut flushed = Vec::new();
+        for chunk in ids.chunks(UPDATE_CHUNK) {
+            let rows: Vec<(i64, i64)> = articles::Entity::find()
+                .select_only()
+                .column(articles::Column::Id)
+                .column(articles::Column::ViewCount)
+                .filter(articles::Column::Id.is_in(chunk.iter().copied()))
+                .filter(articles::Column::ViewFlushSeq.gt(seq))
+                .into_tuple()
+                .all(&self.db)
+                .await?;
+            flushed.extend(rows);
+        }
+        Ok(flushed)
     }
 
     async fn view_counts(
@@ -279,8 +491,14 @@ impl ViewFlusher {
     }
 }
 
-enum Flushed {
-    Batch(i64),
-    Busy,
-    Nothing,
+/// Records `seq` as the shard's last committed sequence, provided SQL has not passed it. The row
+/// exists: the pass created it before taking anything.
+async fn advance_seq(txn: &DatabaseTransaction, shard: u32, seq: i64) -> AppResult<bool> {
+    let advanced = view_flush_shards::Entity::update_many()
+        .col_expr(view_flush_shards::Column::LastSeq, Expr::value(seq))
+        .filter(view_flush_shards::Column::Shard.eq(shard as i32))
+        .filter(view_flush_shards::Column::LastSeq.lt(seq))
+        .exec(txn)
+        .await?;
+    Ok(advanced.rows_affected > 0)
 }

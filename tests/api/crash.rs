@@ -14,13 +14,13 @@ const VIEWS: usize = 50;
 
 /// Holds SQL's write lock on the batch table, so that a flusher blocks right after taking a batch
 /// and before committing it.
-struct SqlLock {
+pub(crate) struct SqlLock {
     conn: DatabaseConnection,
     release: &'static str,
 }
 
 impl SqlLock {
-    async fn take(url: &str) -> Self {
+    pub(crate) async fn take(url: &str) -> Self {
         let mut options = ConnectOptions::new(url);
         options.max_connections(1).min_connections(1);
         let conn = Database::connect(options).await.unwrap();
@@ -41,7 +41,7 @@ impl SqlLock {
         Self { conn, release }
     }
 
-    async fn release(self) {
+    pub(crate) async fn release(self) {
         self.conn.execute_unprepared(self.release).await.unwrap();
         self.conn.close().await.unwrap();
     }

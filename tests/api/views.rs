@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, error_code, stored_article};
 
 const RECORD: &str = "mutation($a: ID!) { recordView(articleId: $a) { counted skipReason viewCount article { id } } }";
-const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
+pub(crate) const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
 const GOOGLEBOT: &str = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)";
 
 /// An app that believes X-Forwarded-For from loopback, so a test can be many viewers at once.
-async fn app_behind_proxy() -> Arc<TestApp> {
+pub(crate) async fn app_behind_proxy() -> Arc<TestApp> {
     Arc::new(
         TestApp::spawn_with(|config| {
             config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()]
@@ -21,13 +21,18 @@ async fn app_behind_proxy() -> Arc<TestApp> {
     )
 }
 
-async fn record(app: &TestApp, article: &str, client_ip: &str, user_agent: &str) -> Value {
+pub(crate) async fn record(
+    app: &TestApp,
+    article: &str,
+    client_ip: &str,
+    user_agent: &str,
+) -> Value {
     let body = json!({ "query": RECORD, "variables": { "a": article } }).to_string();
     let headers = [("x-forwarded-for", client_ip), ("user-agent", user_agent)];
     app.post_with_headers(body, None, &headers).await.1
 }
 
-async fn view_count(app: &TestApp, article: &str) -> i64 {
+pub(crate) async fn view_count(app: &TestApp, article: &str) -> i64 {
     let response = app
         .graphql(
             "query($a: ID!) { article(id: $a) { viewCount } }",
@@ -39,11 +44,11 @@ async fn view_count(app: &TestApp, article: &str) -> i64 {
         .unwrap_or_else(|| panic!("{response}"))
 }
 
-async fn sql_view_count(app: &TestApp, article: &str) -> i64 {
+pub(crate) async fn sql_view_count(app: &TestApp, article: &str) -> i64 {
     app.stored_article(article).await.view_count
 }
 
-fn flusher(app: &TestApp) -> ViewFlusher {
+pub(crate) fn flusher(app: &TestApp) -> ViewFlusher {
     ViewFlusher::new(
         app.state.db.clone(),
         app.state.redis.clone(),
@@ -51,13 +56,13 @@ fn flusher(app: &TestApp) -> ViewFlusher {
     )
 }
 
-async fn publish_one(app: &TestApp) -> String {
+pub(crate) async fn publish_one(app: &TestApp) -> String {
     let (token, _) = app.sign_up("author").await;
     app.publish(&token, "viewed").await
 }
 
 /// Fires `views` concurrently, viewer `i` being `viewer(i)`; returns how many were counted.
-async fn concurrent_views(
+pub(crate) async fn concurrent_views(
     app: &Arc<TestApp>,
     article: &str,
     views: usize,
@@ -100,7 +105,7 @@ async fn spread_views(apps: &[Arc<TestApp>], articles: &[String], views: usize) 
         .count()
 }
 
-fn distinct_ip(i: usize) -> String {
+pub(crate) fn distinct_ip(i: usize) -> String {
     format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
 }
 
@@ -250,7 +255,7 @@ async fn flushing_moves_counts_to_sql_exactly_once() {
     assert_eq!(pending_keys, 0, "flushed entries must not linger in Redis");
 }
 
-async fn pending_entries(app: &TestApp) -> i64 {
+pub(crate) async fn pending_entries(app: &TestApp) -> i64 {
     let mut conn = app.state.redis.conn.clone();
     let mut total = 0;
     for shard in 0..pulse::redis::keys::VIEW_SHARDS {
