@@ -23,6 +23,7 @@ use tower::ServiceExt as _;
 
 const OPEN_CONNECTIONS: &str = "pulse_http_connections_open";
 const OPEN_WEBSOCKETS: &str = "pulse_websockets_open";
+const REQUESTS_IN_FLIGHT: &str = "pulse_http_requests_in_flight";
 
 /// The open connections of one server, counted for operators (the `/metrics` gauges) and tests.
 #[derive(Clone)]
@@ -33,6 +34,7 @@ struct Shared {
     slots: Arc<Semaphore>,
     open: AtomicUsize,
     websockets: AtomicUsize,
+    requests: AtomicUsize,
 }
 
 impl Connections {
@@ -42,6 +44,7 @@ impl Connections {
             slots: Arc::new(Semaphore::new(max as usize)),
             open: AtomicUsize::new(0),
             websockets: AtomicUsize::new(0),
+            requests: AtomicUsize::new(0),
         }))
     }
 
@@ -52,6 +55,18 @@ impl Connections {
 
     pub fn open_websockets(&self) -> usize {
         self.0.websockets.load(Ordering::Relaxed)
+    }
+
+    /// Requests whose headers have been read and whose response is not yet ready: those a graceful
+    /// shutdown lets finish.
+    pub fn requests_in_flight(&self) -> usize {
+        self.0.requests.load(Ordering::Relaxed)
+    }
+
+    fn request_started(&self) -> RequestInFlight {
+        self.0.requests.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(REQUESTS_IN_FLIGHT).increment(1.0);
+        RequestInFlight(self.clone())
     }
 
     /// Completes once every connection, upgraded ones included, has closed.
@@ -96,6 +111,15 @@ impl ConnectionSlot {
             .fetch_add(1, Ordering::Relaxed);
         metrics::gauge!(OPEN_WEBSOCKETS).increment(1.0);
         OpenWebsocket(self)
+    }
+}
+
+struct RequestInFlight(Connections);
+
+impl Drop for RequestInFlight {
+    fn drop(&mut self) {
+        self.0.0.requests.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!(REQUESTS_IN_FLIGHT).decrement(1.0);
     }
 }
 
@@ -174,9 +198,15 @@ async fn serve_connection(
     shutdown: CancellationToken,
 ) {
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        let in_flight = slot.0.connections.request_started();
         request.extensions_mut().insert(ConnectInfo(peer));
         request.extensions_mut().insert(slot.clone());
-        router.clone().oneshot(request)
+        let response = router.clone().oneshot(request);
+        async move {
+            let response = response.await;
+            drop(in_flight);
+            response
+        }
     });
     let mut builder = http1::Builder::new();
     builder

@@ -78,7 +78,7 @@ pub async fn serve<OnInit, InitFuture>(
                 }
                 message = graphql.next() => match message {
                     Some(WsMessage::Text(text)) => {
-                        lock(&session).sent(&text);
+                        let text = lock(&session).outgoing(text);
                         if sink.send(Message::Text(text.into())).await.is_err() {
                             break None;
                         }
@@ -86,7 +86,13 @@ pub async fn serve<OnInit, InitFuture>(
                     Some(WsMessage::Close(code, reason)) => {
                         break Some(lock(&session).protocol_close(code, &reason));
                     }
-                    None => break lock(&session).refusal.take(),
+                    // async-graphql ends without a close frame after a legacy `connection_error`
+                    // and when the client's input ends; a close frame tells the client it was on
+                    // purpose (and goes nowhere if the client is gone).
+                    None => {
+                        let refusal = lock(&session).refusal.take();
+                        break Some(refusal.unwrap_or_else(|| close_frame(1000, "")));
+                    }
                 },
             }
         }
@@ -180,6 +186,34 @@ impl Session {
             _ => {}
         }
         true
+    }
+
+    /// A server message on its way out: noted, and on the legacy protocol a `connection_error`
+    /// given the code every other error carries (async-graphql sends the message alone).
+    fn outgoing(&mut self, text: String) -> String {
+        if self.protocol == WebSocketProtocols::SubscriptionsTransportWS
+            && text.contains("connection_error")
+        {
+            return self.coded_connection_error(&text).unwrap_or(text);
+        }
+        self.sent(&text);
+        text
+    }
+
+    fn coded_connection_error(&self, text: &str) -> Option<String> {
+        let mut message: serde_json::Value = serde_json::from_str(text).ok()?;
+        if message["type"] != "connection_error" {
+            return None;
+        }
+        // Before the acknowledgement the error is the refused `connection_init`, whose only failure
+        // is the token; after it, a second `connection_init`.
+        let code = if self.acknowledged {
+            "BAD_USER_INPUT"
+        } else {
+            "UNAUTHENTICATED"
+        };
+        message["payload"]["extensions"] = serde_json::json!({ "code": code });
+        Some(message.to_string())
     }
 
     /// Notes a server message: the `connection_ack`, and a `complete` that frees its id for reuse.

@@ -342,3 +342,18 @@ async fn graphql_transport_ws_closes_with_the_codes_the_protocol_names() {
     send(&mut garbled, json!({ "type": "no-such-message" })).await;
     assert_eq!(u16::from(close_frame(&mut garbled).await.code), 4400);
 }
+
+#[tokio::test]
+async fn the_legacy_protocol_refuses_a_bad_token_with_a_coded_error_and_a_close_frame() {
+    let app = TestApp::spawn().await;
+    let mut socket = open_socket(&app, "graphql-ws").await;
+    let init = json!({ "type": "connection_init", "payload": { "token": "forged" } });
+    send(&mut socket, init).await;
+    let refusal = next_message(&mut socket).await.expect("a connection_error");
+    assert_eq!(refusal["type"], "connection_error", "{refusal}");
+    assert_eq!(
+        refusal["payload"]["extensions"]["code"], "UNAUTHENTICATED",
+        "{refusal}"
+    );
+    assert_eq!(u16::from(close_frame(&mut socket).await.code), 1000);
+}
