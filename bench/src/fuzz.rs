@@ -1,0 +1,777 @@
+//! `fuzz`: throws generated, hostile and mutated GraphQL requests at a real `pulse serve` process
+//! over HTTP and websockets for a bounded time, and fails when the server exits, answers 5xx or
+//! something that is not a coded GraphQL answer, takes longer than [`SLOW`], or grows past the
+//! memory bound.
+//!
+//! Every case is generated from its own random stream, derived from the seed, the worker and the
+//! case number, so `--seed S --case W:N` sends the same case again.
+
+mod checks;
+mod generate;
+mod hostile;
+mod mutate;
+mod schema;
+mod ws;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use rand::distr::{Alphanumeric, SampleString as _};
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom as _;
+use rand::{Rng, SeedableRng as _};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use serde_json::{Value, json};
+
+use crate::FuzzArgs;
+use crate::proc_stats;
+use crate::record_view::graphql;
+use crate::redis_util;
+use crate::report::{MIB, print_table, thousands};
+use crate::server::Server;
+use generate::{Generator, Known, Operation};
+use ws::{Init, Protocol, Session};
+
+/// An answer slower than this is a failure: a sign of work without bound.
+pub const SLOW: Duration = Duration::from_secs(10);
+const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(500);
+const EXIT_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How often `/metrics` is scraped, as Prometheus would, to see the cost of what the labels hold.
+const SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
+/// Failures whose full request is written to a file, for replay.
+const SAVED_FAILURES: usize = 20;
+
+/// Kinds of input; `--skip` takes their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Class {
+    /// Operations generated from schema.graphql.
+    Schema,
+    /// Lists, objects and selections nested up to thousands deep.
+    Nesting,
+    /// Fragment chains that spread the next one 2-3 times, up to 30 levels; spread cycles.
+    Fragments,
+    /// Thousands of aliases, fields or duplicate directives.
+    Aliases,
+    /// Huge string, number and block-string literals.
+    Literals,
+    /// Long operation names, named in `operationName` or not.
+    Names,
+    /// 4-byte, combining and right-to-left text; NUL and lone-surrogate escapes; comments.
+    Unicode,
+    /// Bodies that are not UTF-8, not JSON, truncated, batched or over the size limit (HTTP).
+    Bytes,
+    /// Byte-level mutations of the README's examples and the tests' operations.
+    Mutate,
+    /// Variables of random types, deeply nested, huge arrays.
+    Variables,
+    /// Websocket protocol abuse: garbage frames, bad connection_init, duplicate ids.
+    Protocol,
+}
+
+impl Class {
+    fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .expect("no class is skipped by clap")
+            .get_name()
+            .to_owned()
+    }
+
+    /// How often each class is drawn, relative to the others.
+    fn weight(self) -> u32 {
+        match self {
+            Self::Schema => 30,
+            Self::Mutate => 20,
+            Self::Unicode | Self::Variables => 8,
+            Self::Nesting | Self::Bytes | Self::Protocol => 6,
+            Self::Fragments | Self::Aliases | Self::Literals => 5,
+            Self::Names => 3,
+        }
+    }
+}
+
+/// `<worker>:<number>`, as printed with a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CaseId {
+    worker: u32,
+    number: u64,
+}
+
+impl FromStr for CaseId {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (worker, number) = text
+            .split_once(':')
+            .ok_or_else(|| format!("expected <worker>:<number>, got `{text}`"))?;
+        Ok(Self {
+            worker: worker.parse().map_err(|err| format!("worker: {err}"))?,
+            number: number.parse().map_err(|err| format!("number: {err}"))?,
+        })
+    }
+}
+
+impl std::fmt::Display for CaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.worker, self.number)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Auth {
+    None,
+    Valid,
+    Garbage(Vec<u8>),
+}
+
+#[derive(Clone, Debug)]
+enum Entry {
+    Http(Vec<u8>),
+    Ws(Session),
+}
+
+impl Entry {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Http(_) => "POST /graphql",
+            Self::Ws(session) => match session.protocol {
+                Protocol::TransportWs => "ws graphql-transport-ws",
+                Protocol::Legacy => "ws graphql-ws",
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    id: CaseId,
+    class: Class,
+    auth: Auth,
+    entry: Entry,
+}
+
+impl Case {
+    fn describe(&self) -> String {
+        let auth = match &self.auth {
+            Auth::None => "none".to_owned(),
+            Auth::Valid => "valid token".to_owned(),
+            Auth::Garbage(bytes) => format!("{:?}", String::from_utf8_lossy(bytes)),
+        };
+        let request = match &self.entry {
+            Entry::Http(body) => String::from_utf8_lossy(body).into_owned(),
+            Entry::Ws(session) => session.describe(),
+        };
+        format!(
+            "case {} ({}, {}, Authorization: {auth})\n{request}",
+            self.id,
+            self.class.name(),
+            self.entry.name()
+        )
+    }
+}
+
+/// What the generators share for the whole run.
+struct Inputs {
+    schema: schema::Schema,
+    known: Known,
+    corpus: Vec<String>,
+    classes: Vec<Class>,
+}
+
+/// SplitMix64's finaliser: spreads seed, worker and number over the whole state.
+fn mix(mut value: u64) -> u64 {
+    value = value.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    value = (value ^ (value >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    value = (value ^ (value >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    value ^ (value >> 31)
+}
+
+fn generate_case(seed: u64, id: CaseId, inputs: &Inputs) -> Case {
+    let mut rng = StdRng::seed_from_u64(mix(seed ^ mix((u64::from(id.worker) << 48) ^ id.number)));
+    let class = *inputs
+        .classes
+        .choose_weighted(&mut rng, |class| class.weight())
+        .expect("at least one class");
+    let auth = match rng.random_range(0..20) {
+        0..=11 => Auth::None,
+        12..=16 => Auth::Valid,
+        _ => Auth::Garbage(garbage_authorization(&mut rng)),
+    };
+    let protocol = if rng.random_bool(2.0 / 3.0) {
+        Protocol::TransportWs
+    } else {
+        Protocol::Legacy
+    };
+    let entry = match class {
+        Class::Bytes => {
+            let operation = Generator::new(&inputs.schema, &inputs.known, &mut rng).operation();
+            Entry::Http(hostile::malformed_body(&mut rng, &operation))
+        }
+        Class::Protocol => Entry::Ws(Session::abuse(&mut rng, protocol)),
+        _ if rng.random_bool(0.75) => {
+            let operation = operation(class, &mut rng, inputs, 10_000);
+            Entry::Http(operation.to_json().into_bytes())
+        }
+        _ => {
+            let init = match auth {
+                Auth::Valid => Init::Token,
+                _ => Init::Anonymous,
+            };
+            // serde_json refuses nesting past 128 in a websocket message as a whole; deeper
+            // variables are the HTTP side's and the protocol class's.
+            let operations: Vec<Operation> = (0..rng.random_range(1..=3))
+                .map(|_| operation(class, &mut rng, inputs, 100))
+                .collect();
+            Entry::Ws(Session::documents(protocol, init, &operations))
+        }
+    };
+    Case {
+        id,
+        class,
+        auth,
+        entry,
+    }
+}
+
+fn operation(class: Class, rng: &mut StdRng, inputs: &Inputs, max_json_depth: usize) -> Operation {
+    match class {
+        Class::Nesting => hostile::nesting(rng),
+        Class::Fragments => hostile::fragments(rng),
+        Class::Aliases => hostile::aliases(rng),
+        Class::Literals => hostile::literals(rng),
+        Class::Names => hostile::names(rng),
+        Class::Unicode => hostile::unicode(rng),
+        Class::Variables => hostile::variables(rng, max_json_depth),
+        Class::Mutate => {
+            let document = inputs.corpus.choose(rng).expect("a corpus");
+            let mutated = mutate::mutate(rng, document.as_bytes(), &inputs.corpus);
+            Operation::new(String::from_utf8_lossy(&mutated).into_owned())
+        }
+        Class::Schema | Class::Bytes | Class::Protocol => {
+            Generator::new(&inputs.schema, &inputs.known, rng).operation()
+        }
+    }
+}
+
+fn garbage_authorization(rng: &mut impl Rng) -> Vec<u8> {
+    let value = match rng.random_range(0..6) {
+        0 => "Bearer".to_owned(),
+        1 => "Bearer a.b.c".to_owned(),
+        2 => "Basic eDp5".to_owned(),
+        3 => format!("Bearer {}", "x".repeat(rng.random_range(1..16_000))),
+        4 => format!("bearer  {}", Alphanumeric.sample_string(rng, 40)),
+        _ => {
+            return (0..rng.random_range(1..200))
+                .map(|_| rng.random_range(0x20..=0xff))
+                .collect();
+        }
+    };
+    value.into_bytes()
+}
+
+/// What one case got back: labels for the summary and the checks it failed.
+#[derive(Default)]
+pub struct Answer {
+    labels: Vec<String>,
+    failures: Vec<(&'static str, String)>,
+}
+
+impl Answer {
+    pub fn label(&mut self, label: String) {
+        self.labels.push(label);
+    }
+
+    pub fn fail(&mut self, kind: &'static str, detail: String) {
+        self.failures.push((kind, detail));
+    }
+}
+
+/// Checks an HTTP answer's status and body.
+pub fn check_http_body(status: u16, body: &[u8], answer: &mut Answer) {
+    if status >= 500 {
+        answer.fail(
+            "5xx",
+            format!(
+                "status {status}: {}",
+                checks::excerpt(&String::from_utf8_lossy(body))
+            ),
+        );
+    }
+    let value = match serde_json::from_slice::<Value>(body) {
+        Ok(value) => value,
+        Err(_) => {
+            answer.label(format!("http {status} non-JSON"));
+            return answer.fail(
+                "non-JSON body",
+                format!(
+                    "status {status}: {}",
+                    checks::excerpt(&String::from_utf8_lossy(body))
+                ),
+            );
+        }
+    };
+    match checks::graphql_response(&value) {
+        Ok(codes) => answer.label(format!("http {status} {}", checks::label(&codes))),
+        Err(problem) => {
+            answer.label(format!("http {status} uncoded"));
+            answer.fail("uncoded error", format!("status {status}: {problem}"));
+        }
+    }
+}
+
+struct Target {
+    http: reqwest::Client,
+    graphql_url: String,
+    ws_url: String,
+    token: String,
+}
+
+fn authorization(auth: &Auth, token: &str) -> Option<HeaderValue> {
+    match auth {
+        Auth::None => None,
+        Auth::Valid => HeaderValue::from_str(&format!("Bearer {token}")).ok(),
+        Auth::Garbage(bytes) => HeaderValue::from_bytes(bytes).ok(),
+    }
+}
+
+async fn send(case: &Case, target: &Target) -> Answer {
+    let mut answer = Answer::default();
+    match &case.entry {
+        Entry::Http(body) => {
+            let mut request = target
+                .http
+                .post(&target.graphql_url)
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.clone());
+            if let Some(header) = authorization(&case.auth, &target.token) {
+                request = request.header(AUTHORIZATION, header);
+            }
+            let response = match request.send().await {
+                Ok(response) => response,
+                Err(err) if err.is_timeout() => {
+                    answer.fail("slow", format!("no answer within {SLOW:?}"));
+                    return answer;
+                }
+                Err(err) => {
+                    answer.fail("no answer", format!("{err:#}"));
+                    return answer;
+                }
+            };
+            let status = response.status().as_u16();
+            match response.bytes().await {
+                Ok(bytes) => check_http_body(status, &bytes, &mut answer),
+                Err(err) if err.is_timeout() => {
+                    answer.fail("slow", format!("the body did not arrive within {SLOW:?}"))
+                }
+                Err(err) => answer.fail("no answer", format!("status {status}, body: {err:#}")),
+            }
+        }
+        Entry::Ws(session) => {
+            // Only the protocol class sends an Authorization header on the upgrade; documents
+            // carry the token in connection_init, as browsers must.
+            let header = match case.class {
+                Class::Protocol => authorization(&case.auth, &target.token),
+                _ => None,
+            };
+            session
+                .run(&target.ws_url, &target.token, header, &mut answer)
+                .await;
+        }
+    }
+    answer
+}
+
+struct Failure {
+    kind: &'static str,
+    detail: String,
+    case: String,
+    at: Duration,
+}
+
+#[derive(Default)]
+struct Tally {
+    cases_by_class: BTreeMap<String, u64>,
+    requests_by_entry: BTreeMap<&'static str, u64>,
+    answers: BTreeMap<String, u64>,
+    failures: Vec<Failure>,
+    failures_by_kind: BTreeMap<&'static str, u64>,
+    /// Bytes of the largest `/metrics` answer.
+    largest_scrape: usize,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    tally: Mutex<Tally>,
+    started: Instant,
+}
+
+impl Shared {
+    fn record(&self, case: &Case, answer: Answer) {
+        let mut tally = self.tally.lock().expect("tally lock poisoned");
+        *tally.cases_by_class.entry(case.class.name()).or_default() += 1;
+        *tally.requests_by_entry.entry(case.entry.name()).or_default() += 1;
+        for label in answer.labels {
+            *tally.answers.entry(label).or_default() += 1;
+        }
+        for (kind, detail) in answer.failures {
+            *tally.failures_by_kind.entry(kind).or_default() += 1;
+            tally.failures.push(Failure {
+                kind,
+                detail,
+                case: case.describe(),
+                at: self.started.elapsed(),
+            });
+        }
+    }
+
+    fn fail(&self, kind: &'static str, detail: String) {
+        let mut tally = self.tally.lock().expect("tally lock poisoned");
+        *tally.failures_by_kind.entry(kind).or_default() += 1;
+        tally.failures.push(Failure {
+            kind,
+            detail,
+            case: String::new(),
+            at: self.started.elapsed(),
+        });
+    }
+}
+
+pub async fn run(args: FuzzArgs) -> anyhow::Result<()> {
+    let seed = args.seed.unwrap_or_else(|| rand::rng().random());
+    println!("fuzz seed: {seed}");
+    let classes: Vec<Class> = <Class as clap::ValueEnum>::value_variants()
+        .iter()
+        .copied()
+        .filter(|class| !args.skip.contains(class))
+        .collect();
+    if classes.is_empty() {
+        bail!("--skip leaves no class to run");
+    }
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency as usize + 2)
+        .timeout(SLOW)
+        .build()?;
+    let (_client, mut redis) = redis_util::connect(&args.redis_url).await?;
+    eprintln!("starting {} ...", args.server_bin.display());
+    let mut server = Server::start(&args.server_bin, &args.redis_url, &http).await?;
+    let result = fuzz(&args, seed, classes, &http, &mut server).await;
+    let stopped = server.stop().await;
+    let cleaned = redis_util::delete_prefix(&mut redis, &server.redis_prefix).await;
+    let passed = result?;
+    stopped.context("cannot stop the server")?;
+    cleaned.context("cannot delete the server's keys")?;
+    if !passed {
+        bail!("the fuzz run failed (seed {seed}); see above");
+    }
+    Ok(())
+}
+
+/// Runs the cases and prints the summary; Ok(false) when a check failed.
+async fn fuzz(
+    args: &FuzzArgs,
+    seed: u64,
+    classes: Vec<Class>,
+    http: &reqwest::Client,
+    server: &mut Server,
+) -> anyhow::Result<bool> {
+    let graphql_url = server.url("/graphql");
+    let handle = format!("fuzz_{}", crate::random_hex(12));
+    let password = Alphanumeric.sample_string(&mut rand::rng(), 24);
+    let signed_up = graphql(
+        http,
+        &graphql_url,
+        None,
+        "mutation($h:String!,$p:String!){ signUp(handle:$h,password:$p){ token user { id } } }",
+        json!({ "h": handle, "p": password }),
+    )
+    .await
+    .context("sign-up")?;
+    let token = signed_up["data"]["signUp"]["token"]
+        .as_str()
+        .context("signUp returned no token")?
+        .to_owned();
+    let user_id = signed_up["data"]["signUp"]["user"]["id"]
+        .as_str()
+        .context("signUp returned no user id")?
+        .to_owned();
+    let published = graphql(
+        http,
+        &graphql_url,
+        Some(&token),
+        r#"mutation { publishArticle(input: { title: "Fuzzed", body: "Target of generated ids." }) { id } }"#,
+        Value::Null,
+    )
+    .await
+    .context("publishArticle")?;
+    let article_id = published["data"]["publishArticle"]["id"]
+        .as_str()
+        .context("publishArticle returned no id")?
+        .to_owned();
+
+    let inputs = Arc::new(Inputs {
+        schema: schema::Schema::load(),
+        known: Known {
+            ids: vec![user_id, article_id],
+        },
+        corpus: mutate::corpus(),
+        classes: classes.clone(),
+    });
+    let target = Arc::new(Target {
+        http: http.clone(),
+        ws_url: format!("ws://{}/graphql/ws", server.addr),
+        graphql_url,
+        token,
+    });
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        tally: Mutex::new(Tally::default()),
+        started: Instant::now(),
+    });
+    let duration = Duration::from_secs(args.seconds);
+    let pid = server.pid().to_string();
+    let ticks = proc_stats::clock_ticks_per_second();
+    let cpu_before = proc_stats::cpu_ticks(&pid)?;
+    println!(
+        "fuzzing for {}s with {} workers; classes: {}",
+        args.seconds,
+        args.concurrency,
+        classes
+            .iter()
+            .map(|class| class.name())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+
+    let mut workers = tokio::task::JoinSet::new();
+    if let Some(id) = args.case {
+        let (inputs, target, shared) = (inputs.clone(), target.clone(), shared.clone());
+        workers.spawn(async move {
+            let case = generate_case(seed, id, &inputs);
+            println!("{}", case.describe());
+            let answer = send(&case, &target).await;
+            shared.record(&case, answer);
+        });
+    } else {
+        for worker in 0..args.concurrency {
+            let (inputs, target, shared) = (inputs.clone(), target.clone(), shared.clone());
+            workers.spawn(async move {
+                let mut number = 0;
+                while !shared.stop.load(Ordering::Relaxed) && shared.started.elapsed() < duration {
+                    let id = CaseId { worker, number };
+                    let case = generate_case(seed, id, &inputs);
+                    let answer = send(&case, &target).await;
+                    shared.record(&case, answer);
+                    number += 1;
+                }
+            });
+        }
+        let (target, shared) = (target.clone(), shared.clone());
+        workers.spawn(async move { scrape_metrics(&target, &shared, duration).await });
+    }
+
+    // Watches the server while the workers run: its exit and its memory.
+    let max_rss = args.max_rss_mib * 1024 * 1024;
+    let mut peak_rss = 0;
+    let mut exited = None;
+    let mut last_sample = Instant::now() - RSS_SAMPLE_INTERVAL;
+    while !workers.is_empty() {
+        if let Some(status) = server.try_wait()? {
+            exited = Some(status);
+            shared.stop.store(true, Ordering::Relaxed);
+            break;
+        }
+        if last_sample.elapsed() >= RSS_SAMPLE_INTERVAL {
+            last_sample = Instant::now();
+            if let Ok((rss, _)) = proc_stats::memory(&pid) {
+                peak_rss = peak_rss.max(rss);
+                if rss > max_rss && !shared.stop.swap(true, Ordering::Relaxed) {
+                    shared.fail(
+                        "memory",
+                        format!(
+                            "server RSS {:.0} MiB is above --max-rss-mib {}",
+                            rss as f64 / MIB,
+                            args.max_rss_mib
+                        ),
+                    );
+                }
+            }
+        }
+        tokio::select! {
+            joined = workers.join_next() => {
+                if let Some(Err(err)) = joined {
+                    bail!("a fuzz worker failed: {err}");
+                }
+            }
+            () = tokio::time::sleep(EXIT_CHECK_INTERVAL) => {}
+        }
+    }
+    if shared.stop.load(Ordering::Relaxed) {
+        // Cases in flight get their answer (or their timeout) and are counted.
+        let _ = tokio::time::timeout(SLOW + Duration::from_secs(2), async {
+            while workers.join_next().await.is_some() {}
+        })
+        .await;
+        workers.abort_all();
+    }
+    if exited.is_none() {
+        exited = server.try_wait()?;
+    }
+    let cpu_seconds = proc_stats::cpu_ticks(&pid)
+        .ok()
+        .map(|after| (after - cpu_before) as f64 / ticks);
+    if let Ok((rss, hwm)) = proc_stats::memory(&pid) {
+        peak_rss = peak_rss.max(rss);
+        if hwm > max_rss && exited.is_none() {
+            shared.fail(
+                "memory",
+                format!(
+                    "server peak RSS (VmHWM) {:.0} MiB is above --max-rss-mib {}",
+                    hwm as f64 / MIB,
+                    args.max_rss_mib
+                ),
+            );
+        }
+    }
+    let elapsed = shared.started.elapsed();
+    let tally = std::mem::take(&mut *shared.tally.lock().expect("tally lock poisoned"));
+    summarize(
+        seed,
+        elapsed,
+        &tally,
+        peak_rss,
+        cpu_seconds,
+        exited.map(|status| status.to_string()),
+    );
+    let passed = exited.is_none() && tally.failures.is_empty();
+    if !passed {
+        report_failures(seed, &tally, exited.map(|status| status.to_string()));
+    }
+    Ok(passed)
+}
+
+async fn scrape_metrics(target: &Target, shared: &Shared, duration: Duration) {
+    let url = target.graphql_url.replace("/graphql", "/metrics");
+    while !shared.stop.load(Ordering::Relaxed) && shared.started.elapsed() < duration {
+        tokio::time::sleep(SCRAPE_INTERVAL).await;
+        let scraped = match target.http.get(&url).send().await {
+            Ok(response) if response.status().is_success() => response.bytes().await,
+            Ok(response) => {
+                shared.fail("metrics", format!("/metrics answered {}", response.status()));
+                continue;
+            }
+            Err(err) => Err(err),
+        };
+        match scraped {
+            Ok(body) => {
+                let mut tally = shared.tally.lock().expect("tally lock poisoned");
+                *tally.requests_by_entry.entry("GET /metrics").or_default() += 1;
+                tally.largest_scrape = tally.largest_scrape.max(body.len());
+            }
+            Err(err) if err.is_timeout() => shared.fail(
+                "slow",
+                format!("/metrics did not answer within {SLOW:?}"),
+            ),
+            Err(err) => shared.fail("no answer", format!("/metrics: {err:#}")),
+        }
+    }
+}
+
+fn summarize(
+    seed: u64,
+    elapsed: Duration,
+    tally: &Tally,
+    peak_rss: u64,
+    cpu_seconds: Option<f64>,
+    exited: Option<String>,
+) {
+    let lines = |map: &BTreeMap<String, u64>| {
+        map.iter()
+            .map(|(name, count)| format!("{name}: {}", thousands(*count as f64)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let entries: BTreeMap<String, u64> = tally
+        .requests_by_entry
+        .iter()
+        .map(|(name, count)| ((*name).to_owned(), *count))
+        .collect();
+    let failures: BTreeMap<String, u64> = tally
+        .failures_by_kind
+        .iter()
+        .map(|(name, count)| ((*name).to_owned(), *count))
+        .collect();
+    let rows = [
+        ("seed", seed.to_string()),
+        ("elapsed", format!("{:.1} s", elapsed.as_secs_f64())),
+        ("cases by class", lines(&tally.cases_by_class)),
+        ("requests by entry point", lines(&entries)),
+        ("answers", lines(&tally.answers)),
+        (
+            "largest /metrics scrape",
+            format!("{} bytes", thousands(tally.largest_scrape as f64)),
+        ),
+        ("server peak RSS", format!("{:.1} MiB", peak_rss as f64 / MIB)),
+        (
+            "server CPU",
+            cpu_seconds.map_or("unknown (exited)".to_owned(), |seconds| {
+                format!("{seconds:.1} s")
+            }),
+        ),
+        ("server exited", exited.unwrap_or_else(|| "no".to_owned())),
+        (
+            "failures",
+            if failures.is_empty() {
+                "none".to_owned()
+            } else {
+                lines(&failures)
+            },
+        ),
+    ];
+    print_table("pulse-bench fuzz", &rows);
+}
+
+fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
+    let directory = std::env::temp_dir().join(format!("pulse-fuzz-{seed}"));
+    let saved = std::fs::create_dir_all(&directory).is_ok();
+    if let Some(status) = exited {
+        println!("\nFAILED: the server exited ({status}).");
+        println!("Cases that got no answer (one of them took it down):");
+        for failure in tally.failures.iter().filter(|failure| failure.kind == "no answer") {
+            println!("  at {:.1} s: {}", failure.at.as_secs_f64(), checks::excerpt(&failure.case));
+        }
+    }
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (index, failure) in tally.failures.iter().enumerate() {
+        let shown = seen.entry(failure.kind).or_default();
+        *shown += 1;
+        if *shown > 3 {
+            continue;
+        }
+        println!(
+            "\nFAILED [{}] at {:.1} s (seed {seed}): {}",
+            failure.kind,
+            failure.at.as_secs_f64(),
+            failure.detail
+        );
+        if failure.case.is_empty() {
+            continue;
+        }
+        println!("request: {}", checks::excerpt(&failure.case));
+        if saved && index < SAVED_FAILURES {
+            let path: PathBuf = directory.join(format!("failure-{index}.txt"));
+            if std::fs::write(&path, &failure.case).is_ok() {
+                println!("full request: {}", path.display());
+            }
+        }
+    }
+    let replay = tally.failures.iter().find(|failure| !failure.case.is_empty());
+    if let Some(failure) = replay
+        && let Some(id) = failure.case.split_whitespace().nth(1)
+    {
+        println!("\nreplay one case: pulse-bench fuzz --seed {seed} --case {id}");
+    }
+}
