@@ -43,6 +43,9 @@ const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(500);
 const EXIT_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// How often `/metrics` is scraped, as Prometheus would, to see the cost of what the labels hold.
 const SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
+/// A larger `/metrics` answer is a failure: its size must not grow with what clients send (operation
+/// names become labels). Pulse's own series at their bound stay well below.
+const MAX_SCRAPE_BYTES: usize = 2 * 1024 * 1024;
 /// Failures whose full request is written to a file, for replay.
 const SAVED_FAILURES: usize = 20;
 
@@ -356,6 +359,10 @@ async fn send(case: &Case, target: &Target) -> Answer {
                     answer.fail("slow", format!("no answer within {SLOW:?}"));
                     return answer;
                 }
+                Err(err) if err.is_connect() => {
+                    answer.fail("no connection", format!("{err:#}"));
+                    return answer;
+                }
                 Err(err) => {
                     answer.fail("no answer", format!("{err:#}"));
                     return answer;
@@ -372,9 +379,11 @@ async fn send(case: &Case, target: &Target) -> Answer {
         }
         Entry::Ws(session) => {
             // Only the protocol class sends an Authorization header on the upgrade; documents
-            // carry the token in connection_init, as browsers must.
+            // carry the token in connection_init, as browsers must. The websocket client refuses
+            // header values that are not UTF-8 before anything is sent.
             let header = match case.class {
-                Class::Protocol => authorization(&case.auth, &target.token),
+                Class::Protocol => authorization(&case.auth, &target.token)
+                    .filter(|header| header.to_str().is_ok()),
                 _ => None,
             };
             session
@@ -667,6 +676,15 @@ async fn scrape_metrics(target: &Target, shared: &Shared, duration: Duration) {
         };
         match scraped {
             Ok(body) => {
+                if body.len() > MAX_SCRAPE_BYTES {
+                    shared.fail(
+                        "metrics",
+                        format!(
+                            "/metrics is {} bytes, above {MAX_SCRAPE_BYTES}",
+                            thousands(body.len() as f64)
+                        ),
+                    );
+                }
                 let mut tally = shared.tally.lock().expect("tally lock poisoned");
                 *tally.requests_by_entry.entry("GET /metrics").or_default() += 1;
                 tally.largest_scrape = tally.largest_scrape.max(body.len());
@@ -739,9 +757,13 @@ fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
     let saved = std::fs::create_dir_all(&directory).is_ok();
     if let Some(status) = exited {
         println!("\nFAILED: the server exited ({status}).");
-        println!("Cases that got no answer (one of them took it down):");
+        println!("Cases in flight when it went (one of them took it down):");
         for failure in tally.failures.iter().filter(|failure| failure.kind == "no answer") {
-            println!("  at {:.1} s: {}", failure.at.as_secs_f64(), checks::excerpt(&failure.case));
+            println!(
+                "  at {:.1} s: {}",
+                failure.at.as_secs_f64(),
+                checks::excerpt(&failure.case)
+            );
         }
     }
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();

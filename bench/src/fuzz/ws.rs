@@ -160,6 +160,11 @@ impl Session {
                 }
                 return;
             }
+            Ok(Err(tokio_tungstenite::tungstenite::Error::Io(err)))
+                if err.kind() == std::io::ErrorKind::ConnectionRefused =>
+            {
+                return answer.fail("no connection", format!("upgrade: {err}"));
+            }
             Ok(Err(err)) => return answer.fail("no answer", format!("upgrade failed: {err}")),
             Ok(Ok((socket, _))) => socket,
         };
@@ -235,6 +240,13 @@ impl Session {
             Some(Closed::Frame(code)) => answer.label(format!("ws close {code}")),
             Some(Closed::Abrupt(reason)) if state.write_failed => {
                 answer.label(format!("ws reset after a refused write ({reason})"))
+            }
+            Some(Closed::Abrupt(reason)) if reason.contains("Control frame too big") => {
+                answer.label("ws invalid close frame".to_owned());
+                answer.fail(
+                    "ws invalid close frame",
+                    format!("the server sent a control frame RFC 6455 forbids: {reason}"),
+                );
             }
             Some(Closed::Abrupt(reason)) => {
                 answer.label("ws abrupt end".to_owned());
@@ -332,6 +344,9 @@ impl Reading {
             self.pending.retain(|pending| pending != id);
         }
         let checked = match kind.as_str() {
+            "connection_ack" | "complete" | "pong" | "ping" | "ka" => {
+                return answer.label(format!("ws {kind}"));
+            }
             "next" | "data" => checks::graphql_response(&message["payload"]),
             "error" => match message["payload"].as_array() {
                 Some(errors) => errors.iter().map(checks::error_code).collect(),
