@@ -422,7 +422,10 @@ impl Shared {
     fn record(&self, case: &Case, answer: Answer) {
         let mut tally = self.tally.lock().expect("tally lock poisoned");
         *tally.cases_by_class.entry(case.class.name()).or_default() += 1;
-        *tally.requests_by_entry.entry(case.entry.name()).or_default() += 1;
+        *tally
+            .requests_by_entry
+            .entry(case.entry.name())
+            .or_default() += 1;
         for label in answer.labels {
             *tally.answers.entry(label).or_default() += 1;
         }
@@ -634,7 +637,8 @@ async fn fuzz(
         .map(|after| (after - cpu_before) as f64 / ticks);
     if let Ok((rss, hwm)) = proc_stats::memory(&pid) {
         peak_rss = peak_rss.max(rss);
-        if hwm > max_rss && exited.is_none() {
+        let reported = tally_has(&shared, "memory");
+        if hwm > max_rss && exited.is_none() && !reported {
             shared.fail(
                 "memory",
                 format!(
@@ -662,6 +666,11 @@ async fn fuzz(
     Ok(passed)
 }
 
+fn tally_has(shared: &Shared, kind: &str) -> bool {
+    let tally = shared.tally.lock().expect("tally lock poisoned");
+    tally.failures_by_kind.contains_key(kind)
+}
+
 async fn scrape_metrics(target: &Target, shared: &Shared, duration: Duration) {
     let url = target.graphql_url.replace("/graphql", "/metrics");
     while !shared.stop.load(Ordering::Relaxed) && shared.started.elapsed() < duration {
@@ -669,7 +678,10 @@ async fn scrape_metrics(target: &Target, shared: &Shared, duration: Duration) {
         let scraped = match target.http.get(&url).send().await {
             Ok(response) if response.status().is_success() => response.bytes().await,
             Ok(response) => {
-                shared.fail("metrics", format!("/metrics answered {}", response.status()));
+                shared.fail(
+                    "metrics",
+                    format!("/metrics answered {}", response.status()),
+                );
                 continue;
             }
             Err(err) => Err(err),
@@ -689,10 +701,9 @@ async fn scrape_metrics(target: &Target, shared: &Shared, duration: Duration) {
                 *tally.requests_by_entry.entry("GET /metrics").or_default() += 1;
                 tally.largest_scrape = tally.largest_scrape.max(body.len());
             }
-            Err(err) if err.is_timeout() => shared.fail(
-                "slow",
-                format!("/metrics did not answer within {SLOW:?}"),
-            ),
+            Err(err) if err.is_timeout() => {
+                shared.fail("slow", format!("/metrics did not answer within {SLOW:?}"))
+            }
             Err(err) => shared.fail("no answer", format!("/metrics: {err:#}")),
         }
     }
@@ -732,7 +743,10 @@ fn summarize(
             "largest /metrics scrape",
             format!("{} bytes", thousands(tally.largest_scrape as f64)),
         ),
-        ("server peak RSS", format!("{:.1} MiB", peak_rss as f64 / MIB)),
+        (
+            "server peak RSS",
+            format!("{:.1} MiB", peak_rss as f64 / MIB),
+        ),
         (
             "server CPU",
             cpu_seconds.map_or("unknown (exited)".to_owned(), |seconds| {
@@ -758,7 +772,11 @@ fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
     if let Some(status) = exited {
         println!("\nFAILED: the server exited ({status}).");
         println!("Cases in flight when it went (one of them took it down):");
-        for failure in tally.failures.iter().filter(|failure| failure.kind == "no answer") {
+        for failure in tally
+            .failures
+            .iter()
+            .filter(|failure| failure.kind == "no answer")
+        {
             println!(
                 "  at {:.1} s: {}",
                 failure.at.as_secs_f64(),
@@ -790,7 +808,10 @@ fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
             }
         }
     }
-    let replay = tally.failures.iter().find(|failure| !failure.case.is_empty());
+    let replay = tally
+        .failures
+        .iter()
+        .find(|failure| !failure.case.is_empty());
     if let Some(failure) = replay
         && let Some(id) = failure.case.split_whitespace().nth(1)
     {

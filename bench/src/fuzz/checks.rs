@@ -5,6 +5,10 @@ use serde_json::Value;
 /// Longest excerpt of a request or response printed with a failure.
 pub const EXCERPT: usize = 600;
 
+/// A response listing more errors than this grows with the document (one error per duplicate
+/// directive, say) instead of being capped.
+pub const MAX_ERRORS: usize = 100;
+
 /// The error codes of a GraphQL response (`data` alone: none), or what is wrong with it.
 pub fn graphql_response(value: &Value) -> Result<Vec<String>, String> {
     let Some(object) = value.as_object() else {
@@ -20,6 +24,13 @@ pub fn graphql_response(value: &Value) -> Result<Vec<String>, String> {
     let Some(errors) = errors.as_array() else {
         return Err(format!("errors is not a list: {}", excerpt_json(value)));
     };
+    if errors.len() > MAX_ERRORS {
+        return Err(format!(
+            "{} errors in one response, more than {MAX_ERRORS}; first: {}",
+            errors.len(),
+            excerpt_json(&errors[0])
+        ));
+    }
     errors.iter().map(error_code).collect()
 }
 
@@ -58,13 +69,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_error_without_a_code_is_a_failure() {
+    fn an_uncoded_error_or_an_error_flood_is_a_failure() {
         let uncoded = json!({ "data": null, "errors": [{ "message": "boom" }] });
         assert!(graphql_response(&uncoded).is_err());
-        let coded = json!({ "errors": [{ "message": "no", "extensions": { "code": "BAD_USER_INPUT" } }] });
+        let coded =
+            json!({ "errors": [{ "message": "no", "extensions": { "code": "BAD_USER_INPUT" } }] });
         assert_eq!(graphql_response(&coded).unwrap(), vec!["BAD_USER_INPUT"]);
-        assert!(graphql_response(&json!({ "data": { "viewer": null } })).unwrap().is_empty());
+        assert!(
+            graphql_response(&json!({ "data": { "viewer": null } }))
+                .unwrap()
+                .is_empty()
+        );
         assert!(graphql_response(&json!({ "unexpected": 1 })).is_err());
         assert!(graphql_response(&json!({ "errors": "no" })).is_err());
+        let error = json!({ "message": "dup", "extensions": { "code": "BAD_USER_INPUT" } });
+        let flood = json!({ "errors": vec![error; MAX_ERRORS + 1] });
+        assert!(graphql_response(&flood).is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! Random operations built from the real schema: fields with aliases, arguments as literals or
-//! variables (with and without defaults), `@include`/`@skip` and unknown directives, inline and
-//! named fragments, and now and then a wrong type or an unknown field, so that most documents get
-//! past the parser and reach validation and the resolvers.
+//! variables (with and without defaults), `@include`/`@skip` directives, inline and named
+//! fragments. Most operations are meant to validate, so they reach the resolvers; the others
+//! ("sloppy") also get wrong types, unknown fields, arguments and directives, and an
+//! `operationName` the document does not hold.
 
 use std::fmt::Write as _;
 
@@ -70,6 +71,7 @@ pub struct Generator<'a, R> {
     variable_definitions: Vec<String>,
     variables: Map<String, Value>,
     fragments: Vec<String>,
+    sloppy: bool,
 }
 
 impl<'a, R: Rng> Generator<'a, R> {
@@ -81,10 +83,17 @@ impl<'a, R: Rng> Generator<'a, R> {
             variable_definitions: Vec::new(),
             variables: Map::new(),
             fragments: Vec::new(),
+            sloppy: false,
         }
     }
 
+    /// Whether this operation gets deliberate mistakes: drawn once per operation.
+    fn mistake(&mut self, probability: f64) -> bool {
+        self.sloppy && self.rng.random_bool(probability)
+    }
+
     pub fn operation(mut self) -> Operation {
+        self.sloppy = self.rng.random_bool(0.4);
         let (keyword, root) = match self.rng.random_range(0..10) {
             0..=6 => ("query", schema::QUERY),
             7..=8 => ("mutation", schema::MUTATION),
@@ -109,7 +118,7 @@ impl<'a, R: Rng> Generator<'a, R> {
                 write!(query, "({})", self.variable_definitions.join(", "))
                     .expect("writing to a String");
             }
-            if self.rng.random_bool(0.05) {
+            if self.mistake(0.1) {
                 query.push_str(" @unknownOperationDirective");
             }
             query.push(' ');
@@ -119,13 +128,15 @@ impl<'a, R: Rng> Generator<'a, R> {
             query.push('\n');
             query.push_str(fragment);
         }
+        let operation_name = if self.mistake(0.2) {
+            Some("NotInTheDocument".to_owned())
+        } else if self.rng.random_bool(0.7) {
+            name
+        } else {
+            None
+        };
         let variables = (!self.variables.is_empty() || self.rng.random_bool(0.2))
             .then(|| Value::Object(self.variables).to_string());
-        let operation_name = match self.rng.random_range(0..10) {
-            0..=5 => name,
-            6 => Some("NotInTheDocument".to_owned()),
-            _ => None,
-        };
         Operation {
             query,
             variables,
@@ -143,10 +154,7 @@ impl<'a, R: Rng> Generator<'a, R> {
             && !implementors.is_empty()
             && self.rng.random_bool(0.7)
         {
-            let object = implementors
-                .choose(self.rng)
-                .expect("not empty")
-                .to_owned();
+            let object = implementors.choose(self.rng).expect("not empty").to_owned();
             let inner = self.selection_set(&object, depth + 1);
             selections.push(format!("... on {object}{} {inner}", self.directives()));
         }
@@ -163,11 +171,10 @@ impl<'a, R: Rng> Generator<'a, R> {
     fn selection(&mut self, type_name: &str, depth: usize) -> String {
         let fields = self.schema.fields(type_name);
         if fields.is_empty() || self.rng.random_bool(0.05) {
-            return if self.rng.random_bool(0.5) {
-                "__typename".to_owned()
-            } else {
-                "noSuchField".to_owned()
-            };
+            return "__typename".to_owned();
+        }
+        if self.mistake(0.05) {
+            return "noSuchField".to_owned();
         }
         let leaves: Vec<_> = fields
             .iter()
@@ -190,7 +197,7 @@ impl<'a, R: Rng> Generator<'a, R> {
                 arguments.push(format!("{}: {value}", arg.name));
             }
         }
-        if self.rng.random_bool(0.03) {
+        if self.mistake(0.05) {
             arguments.push("unknownArgument: 1".to_owned());
         }
         if !arguments.is_empty() {
@@ -213,17 +220,19 @@ impl<'a, R: Rng> Generator<'a, R> {
             _ => self.rng.random_range(2..=4),
         };
         for _ in 0..count {
-            let name = ["include", "skip", "include", "skip", "deprecated", "fuzz"]
-                .choose(self.rng)
-                .expect("not empty");
-            let condition = match self.rng.random_range(0..6) {
-                0 => {
-                    let value = json!(self.rng.random_bool(0.5));
-                    let name = self.variable("Boolean!", Some(value));
-                    format!("${name}")
-                }
-                1 => "1".to_owned(),
-                _ => self.rng.random_bool(0.5).to_string(),
+            let name = if self.mistake(0.3) {
+                ["deprecated", "fuzz"].choose(self.rng)
+            } else {
+                ["include", "skip"].choose(self.rng)
+            }
+            .expect("not empty");
+            let condition = if self.mistake(0.2) {
+                "1".to_owned()
+            } else if self.rng.random_bool(0.2) {
+                let value = json!(self.rng.random_bool(0.5));
+                format!("${}", self.variable("Boolean!", Some(value)))
+            } else {
+                self.rng.random_bool(0.5).to_string()
             };
             write!(text, " @{name}(if: {condition})").expect("writing to a String");
         }
@@ -232,8 +241,7 @@ impl<'a, R: Rng> Generator<'a, R> {
 
     /// An argument of type `ty`: a literal, or a variable declared for it.
     fn argument(&mut self, ty: &Type) -> String {
-        let wrong = self.rng.random_bool(0.1);
-        let value = if wrong {
+        let value = if self.mistake(0.15) {
             self.any_value(2)
         } else {
             self.value(ty, 0)
@@ -243,11 +251,12 @@ impl<'a, R: Rng> Generator<'a, R> {
                 .rng
                 .random_bool(0.3)
                 .then(|| self.value(ty, 0).graphql());
+            let omitted = self.mistake(0.2) || (default.is_some() && self.rng.random_bool(0.5));
             let declared = match default {
                 Some(default) => format!("{ty} = {default}"),
                 None => ty.to_string(),
             };
-            let provided = self.rng.random_bool(0.8).then(|| value.json());
+            let provided = (!omitted).then(|| value.json());
             format!("${}", self.variable(&declared, provided))
         } else {
             value.graphql()
@@ -344,21 +353,22 @@ impl<'a, R: Rng> Generator<'a, R> {
     }
 
     fn int(&mut self) -> i64 {
-        *[
-            0,
-            1,
-            -1,
-            5,
-            20,
-            100,
-            101,
-            i64::from(i32::MAX),
-            i64::from(i32::MAX) + 1,
-            i64::from(i32::MIN),
-            i64::MAX,
-        ]
-        .choose(self.rng)
-        .expect("not empty")
+        let choices: &[i64] = if self.mistake(0.3) {
+            &[i64::from(i32::MAX) + 1, i64::from(i32::MIN) - 1, i64::MAX]
+        } else {
+            &[
+                0,
+                1,
+                -1,
+                5,
+                20,
+                100,
+                101,
+                i64::from(i32::MAX),
+                i64::from(i32::MIN),
+            ]
+        };
+        *choices.choose(self.rng).expect("not empty")
     }
 }
 

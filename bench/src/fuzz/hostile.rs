@@ -15,8 +15,24 @@ pub const BODY_BUDGET: usize = 250 * 1024;
 /// Characters that trip up text handling: 4-byte, combining, right-to-left, zero-width, BOM,
 /// controls.
 const AWKWARD: &[&str] = &[
-    "😀", "𝕏", "𐍈", "é", "e\u{301}", "\u{202e}", "\u{200f}", "\u{200b}", "\u{feff}", "\u{7f}",
-    "\u{1}", "\t", "ﷺ", "漢", "Ω", "\u{10ffff}", "\u{fffd}", "a",
+    "😀",
+    "𝕏",
+    "𐍈",
+    "é",
+    "e\u{301}",
+    "\u{202e}",
+    "\u{200f}",
+    "\u{200b}",
+    "\u{feff}",
+    "\u{7f}",
+    "\u{1}",
+    "\t",
+    "ﷺ",
+    "漢",
+    "Ω",
+    "\u{10ffff}",
+    "\u{fffd}",
+    "a",
 ];
 
 /// `len` pieces of awkward text (valid UTF-8; NUL only through escapes elsewhere).
@@ -71,8 +87,11 @@ pub fn fragments(rng: &mut impl Rng) -> Operation {
         query.push_str("{ ...C0 }\n");
         for index in 0..length {
             let next = (index + 1) % length;
-            writeln!(query, "fragment C{index} on Query {{ __typename ...C{next} }}")
-                .expect("writing to a String");
+            writeln!(
+                query,
+                "fragment C{index} on Query {{ __typename ...C{next} }}"
+            )
+            .expect("writing to a String");
         }
         return Operation::new(query);
     }
@@ -96,9 +115,8 @@ pub fn aliases(rng: &mut impl Rng) -> Operation {
     let count = rng.random_range(1000..=20_000);
     let mut query = String::from("{");
     match rng.random_range(0..4) {
-        0 => (0..count).for_each(|index| {
-            write!(query, " a{index}: __typename").expect("writing to a String")
-        }),
+        0 => (0..count)
+            .for_each(|index| write!(query, " a{index}: __typename").expect("writing to a String")),
         1 => (0..count / 4).for_each(|index| {
             write!(query, " a{index}: viewer {{ id }}").expect("writing to a String")
         }),
@@ -154,8 +172,18 @@ pub fn names(rng: &mut impl Rng) -> Operation {
 
 /// GraphQL escapes the server must decode: NUL, lone surrogates, surrogate pairs, out of range.
 const ESCAPES: &[&str] = &[
-    "\\u0000", "\\ud800", "\\udfff", "\\ud83d\\ude00", "\\u{1F600}", "\\u{110000}", "\\u{0}",
-    "\\uZZZZ", "\\x41", "\\", "\\n", "\\\"",
+    "\\u0000",
+    "\\ud800",
+    "\\udfff",
+    "\\ud83d\\ude00",
+    "\\u{1F600}",
+    "\\u{110000}",
+    "\\u{0}",
+    "\\uZZZZ",
+    "\\x41",
+    "\\",
+    "\\n",
+    "\\\"",
 ];
 
 pub fn unicode(rng: &mut impl Rng) -> Operation {
@@ -175,9 +203,7 @@ pub fn unicode(rng: &mut impl Rng) -> Operation {
         2 => format!("# {text}\n{{ viewer {{ id }} }} # {text}"),
         3 => format!("{{ article(id: \"{text}\") {{ id }} }}"),
         4 => format!("{{ {} }}", unicode_text(rng, 5)),
-        _ => format!(
-            "mutation {{ signUp(handle: \"{text}\", password: \"{text}\") {{ token }} }}"
-        ),
+        _ => format!("mutation {{ signUp(handle: \"{text}\", password: \"{text}\") {{ token }} }}"),
     };
     Operation::new(query)
 }

@@ -147,6 +147,9 @@ mod tests {
         let Some(TypeDef::Composite { implementors, .. }) = schema.types.get("Node") else {
             panic!("Node is not an interface");
         };
-        assert!(implementors.contains(&"Article".to_owned()), "{implementors:?}");
+        assert!(
+            implementors.contains(&"Article".to_owned()),
+            "{implementors:?}"
+        );
     }
 }

@@ -119,10 +119,9 @@ impl Session {
         for frame in &self.frames {
             match frame {
                 Frame::Text(text_frame) => text.push_str(&format!("\n  text {text_frame}")),
-                Frame::Binary(bytes) => text.push_str(&format!(
-                    "\n  binary {}",
-                    String::from_utf8_lossy(bytes)
-                )),
+                Frame::Binary(bytes) => {
+                    text.push_str(&format!("\n  binary {}", String::from_utf8_lossy(bytes)))
+                }
                 Frame::Ping(bytes) => text.push_str(&format!("\n  ping {} bytes", bytes.len())),
             }
         }
@@ -145,8 +144,7 @@ impl Session {
         if let Some(header) = header {
             request.headers_mut().insert("authorization", header);
         }
-        let connected =
-            tokio::time::timeout(SLOW, tokio_tungstenite::connect_async(request)).await;
+        let connected = tokio::time::timeout(SLOW, tokio_tungstenite::connect_async(request)).await;
         let mut socket = match connected {
             Err(_) => return answer.fail("slow", format!("no upgrade within {SLOW:?}")),
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(response))) => {
@@ -313,7 +311,10 @@ impl Reading {
             Message::Binary(bytes) => {
                 answer.fail(
                     "ws non-JSON message",
-                    format!("a binary frame: {}", excerpt(&String::from_utf8_lossy(&bytes))),
+                    format!(
+                        "a binary frame: {}",
+                        excerpt(&String::from_utf8_lossy(&bytes))
+                    ),
                 );
             }
             Message::Close(frame) => {
@@ -405,10 +406,18 @@ fn garbage_frame(rng: &mut impl Rng, protocol: Protocol) -> Frame {
                     .collect(),
             );
         }
-        2 => return Frame::Ping((0..rng.random_range(0..125)).map(|_| rng.random()).collect()),
+        2 => {
+            return Frame::Ping(
+                (0..rng.random_range(0..125))
+                    .map(|_| rng.random())
+                    .collect(),
+            );
+        }
         3 => "{\"type\":\"fuzz\"}".to_owned(),
         4 => format!("{{\"type\":\"{start}\"}}"),
-        5 => format!("{{\"id\":1,\"type\":\"{start}\",\"payload\":{{\"query\":\"{{__typename}}\"}}}}"),
+        5 => format!(
+            "{{\"id\":1,\"type\":\"{start}\",\"payload\":{{\"query\":\"{{__typename}}\"}}}}"
+        ),
         6 => format!("{{\"id\":\"d\",\"type\":\"{start}\",\"payload\":\"q\"}}"),
         7 | 8 => format!(
             "{{\"id\":\"dup\",\"type\":\"{start}\",\"payload\":{{\"query\":\"subscription {{ articlePublished {{ id }} }}\"}}}}"
