@@ -397,7 +397,8 @@ async fn send(case: &Case, target: &Target) -> Answer {
 struct Failure {
     kind: &'static str,
     detail: String,
-    case: String,
+    /// The case and its full description; none for the server-wide checks.
+    case: Option<(CaseId, String)>,
     at: Duration,
 }
 
@@ -434,7 +435,7 @@ impl Shared {
             tally.failures.push(Failure {
                 kind,
                 detail,
-                case: case.describe(),
+                case: Some((case.id, case.describe())),
                 at: self.started.elapsed(),
             });
         }
@@ -446,7 +447,7 @@ impl Shared {
         tally.failures.push(Failure {
             kind,
             detail,
-            case: String::new(),
+            case: None,
             at: self.started.elapsed(),
         });
     }
@@ -482,20 +483,13 @@ pub async fn run(args: FuzzArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the cases and prints the summary; Ok(false) when a check failed.
-async fn fuzz(
-    args: &FuzzArgs,
-    seed: u64,
-    classes: Vec<Class>,
-    http: &reqwest::Client,
-    server: &mut Server,
-) -> anyhow::Result<bool> {
-    let graphql_url = server.url("/graphql");
+/// A user and an article for the cases to act as and on: the user's token and both ids.
+async fn sign_up_and_publish(http: &reqwest::Client, url: &str) -> anyhow::Result<(String, Known)> {
     let handle = format!("fuzz_{}", crate::random_hex(12));
     let password = Alphanumeric.sample_string(&mut rand::rng(), 24);
     let signed_up = graphql(
         http,
-        &graphql_url,
+        url,
         None,
         "mutation($h:String!,$p:String!){ signUp(handle:$h,password:$p){ token user { id } } }",
         json!({ "h": handle, "p": password }),
@@ -512,7 +506,7 @@ async fn fuzz(
         .to_owned();
     let published = graphql(
         http,
-        &graphql_url,
+        url,
         Some(&token),
         r#"mutation { publishArticle(input: { title: "Fuzzed", body: "Target of generated ids." }) { id } }"#,
         Value::Null,
@@ -523,12 +517,25 @@ async fn fuzz(
         .as_str()
         .context("publishArticle returned no id")?
         .to_owned();
+    let known = Known {
+        ids: vec![user_id, article_id],
+    };
+    Ok((token, known))
+}
 
+/// Runs the cases and prints the summary; Ok(false) when a check failed.
+async fn fuzz(
+    args: &FuzzArgs,
+    seed: u64,
+    classes: Vec<Class>,
+    http: &reqwest::Client,
+    server: &mut Server,
+) -> anyhow::Result<bool> {
+    let graphql_url = server.url("/graphql");
+    let (token, known) = sign_up_and_publish(http, &graphql_url).await?;
     let inputs = Arc::new(Inputs {
         schema: schema::Schema::load(),
-        known: Known {
-            ids: vec![user_id, article_id],
-        },
+        known,
         corpus: mutate::corpus(),
         classes: classes.clone(),
     });
@@ -772,23 +779,21 @@ fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
     if let Some(status) = exited {
         println!("\nFAILED: the server exited ({status}).");
         println!("Cases in flight when it went (one of them took it down):");
-        for failure in tally
-            .failures
-            .iter()
-            .filter(|failure| failure.kind == "no answer")
-        {
-            println!(
-                "  at {:.1} s: {}",
-                failure.at.as_secs_f64(),
-                checks::excerpt(&failure.case)
-            );
+        for failure in &tally.failures {
+            if let ("no answer", Some((_, case))) = (failure.kind, &failure.case) {
+                println!(
+                    "  at {:.1} s: {}",
+                    failure.at.as_secs_f64(),
+                    checks::excerpt(case)
+                );
+            }
         }
     }
-    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut shown: BTreeMap<&str, usize> = BTreeMap::new();
     for (index, failure) in tally.failures.iter().enumerate() {
-        let shown = seen.entry(failure.kind).or_default();
-        *shown += 1;
-        if *shown > 3 {
+        let times = shown.entry(failure.kind).or_default();
+        *times += 1;
+        if *times > 3 {
             continue;
         }
         println!(
@@ -797,24 +802,22 @@ fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
             failure.at.as_secs_f64(),
             failure.detail
         );
-        if failure.case.is_empty() {
+        let Some((_, case)) = &failure.case else {
             continue;
-        }
-        println!("request: {}", checks::excerpt(&failure.case));
+        };
+        println!("request: {}", checks::excerpt(case));
         if saved && index < SAVED_FAILURES {
             let path: PathBuf = directory.join(format!("failure-{index}.txt"));
-            if std::fs::write(&path, &failure.case).is_ok() {
+            if std::fs::write(&path, case).is_ok() {
                 println!("full request: {}", path.display());
             }
         }
     }
-    let replay = tally
+    if let Some((id, _)) = tally
         .failures
         .iter()
-        .find(|failure| !failure.case.is_empty());
-    if let Some(failure) = replay
-        && let Some(id) = failure.case.split_whitespace().nth(1)
+        .find_map(|failure| failure.case.as_ref())
     {
-        println!("\nreplay one case: pulse-bench fuzz --seed {seed} --case {id}");
+        println!("\nreplay the first failed case: pulse-bench fuzz --seed {seed} --case {id}");
     }
 }
