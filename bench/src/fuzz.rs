@@ -291,7 +291,17 @@ impl Answer {
     pub fn fail(&mut self, kind: &'static str, detail: String) {
         self.failures.push((kind, detail));
     }
+
+    /// Whether the connection broke under this case: the server may have gone with it.
+    fn lost_connection(&self) -> bool {
+        self.failures
+            .iter()
+            .any(|(kind, _)| LOST_CONNECTION.contains(kind))
+    }
 }
+
+/// Failure kinds of a connection that broke while a case was in flight.
+const LOST_CONNECTION: &[&str] = &["no answer", "ws abrupt close (1006)"];
 
 /// Checks an HTTP answer's status and body.
 pub fn check_http_body(status: u16, body: &[u8], answer: &mut Answer) {
@@ -471,16 +481,36 @@ pub async fn run(args: FuzzArgs) -> anyhow::Result<()> {
     let (_client, mut redis) = redis_util::connect(&args.redis_url).await?;
     eprintln!("starting {} ...", args.server_bin.display());
     let mut server = Server::start(&args.server_bin, &args.redis_url, &http).await?;
-    let result = fuzz(&args, seed, classes, &http, &mut server).await;
+    let result = fuzz(&args, seed, classes.clone(), &http, &mut server).await;
     let stopped = server.stop().await;
     let cleaned = redis_util::delete_prefix(&mut redis, &server.redis_prefix).await;
-    let passed = result?;
+    let verdict = result?;
     stopped.context("cannot stop the server")?;
     cleaned.context("cannot delete the server's keys")?;
-    if !passed {
+    if !verdict.suspects.is_empty() && args.case.is_none() {
+        replay_suspects(&args, seed, &classes, &verdict.suspects, &http, &mut redis).await?;
+    }
+    if !verdict.passed {
+        if let Some(id) = verdict.first_failed {
+            println!(
+                "\nreplay the first failed case: {}",
+                replay_command(&args, seed, id)
+            );
+        }
         bail!("the fuzz run failed (seed {seed}); see above");
     }
     Ok(())
+}
+
+/// The command line that sends case `id` of this run again, alone.
+fn replay_command(args: &FuzzArgs, seed: u64, id: CaseId) -> String {
+    let mut command = format!("pulse-bench fuzz --seed {seed}");
+    if !args.skip.is_empty() {
+        let names: Vec<String> = args.skip.iter().map(|class| class.name()).collect();
+        command.push_str(&format!(" --skip {}", names.join(",")));
+    }
+    command.push_str(&format!(" --case {id}"));
+    command
 }
 
 /// A user and an article for the cases to act as and on: the user's token and both ids.
@@ -523,14 +553,25 @@ async fn sign_up_and_publish(http: &reqwest::Client, url: &str) -> anyhow::Resul
     Ok((token, known))
 }
 
-/// Runs the cases and prints the summary; Ok(false) when a check failed.
+/// How a run went: whether every check held, and when the server exited, the cases whose
+/// connection broke shortly before (one of them, or several together, took it down).
+struct Verdict {
+    passed: bool,
+    suspects: Vec<CaseId>,
+    first_failed: Option<CaseId>,
+}
+
+/// How long before the exit was seen a broken connection makes its case a suspect.
+const SUSPECT_WINDOW: Duration = Duration::from_secs(2);
+
+/// Runs the cases and prints the summary.
 async fn fuzz(
     args: &FuzzArgs,
     seed: u64,
     classes: Vec<Class>,
     http: &reqwest::Client,
     server: &mut Server,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<Verdict> {
     let graphql_url = server.url("/graphql");
     let (token, known) = sign_up_and_publish(http, &graphql_url).await?;
     let inputs = Arc::new(Inputs {
@@ -583,8 +624,14 @@ async fn fuzz(
                     let id = CaseId { worker, number };
                     let case = generate_case(seed, id, &inputs);
                     let answer = send(&case, &target).await;
+                    let lost = answer.lost_connection();
                     shared.record(&case, answer);
                     number += 1;
+                    if lost {
+                        // Gives the monitor time to see whether the server is gone, so that
+                        // the cases in flight when it went are the last ones recorded.
+                        tokio::time::sleep(EXIT_CHECK_INTERVAL * 3).await;
+                    }
                 }
             });
         }
@@ -599,7 +646,7 @@ async fn fuzz(
     let mut last_sample = Instant::now() - RSS_SAMPLE_INTERVAL;
     while !workers.is_empty() {
         if let Some(status) = server.try_wait()? {
-            exited = Some(status);
+            exited = Some((status, shared.started.elapsed()));
             shared.stop.store(true, Ordering::Relaxed);
             break;
         }
@@ -637,7 +684,9 @@ async fn fuzz(
         workers.abort_all();
     }
     if exited.is_none() {
-        exited = server.try_wait()?;
+        exited = server
+            .try_wait()?
+            .map(|status| (status, shared.started.elapsed()));
     }
     let cpu_seconds = proc_stats::cpu_ticks(&pid)
         .ok()
@@ -664,13 +713,101 @@ async fn fuzz(
         &tally,
         peak_rss,
         cpu_seconds,
-        exited.map(|status| status.to_string()),
+        exited.map(|(status, _)| status.to_string()),
     );
     let passed = exited.is_none() && tally.failures.is_empty();
     if !passed {
-        report_failures(seed, &tally, exited.map(|status| status.to_string()));
+        report_failures(seed, &tally, exited.map(|(status, _)| status.to_string()));
     }
-    Ok(passed)
+    let mut suspects = Vec::new();
+    if let Some((_, seen_at)) = exited {
+        for failure in &tally.failures {
+            if let Some((id, _)) = &failure.case
+                && LOST_CONNECTION.contains(&failure.kind)
+                && failure.at + SUSPECT_WINDOW >= seen_at
+                && !suspects.contains(id)
+            {
+                suspects.push(*id);
+            }
+        }
+    }
+    let first_failed = tally
+        .failures
+        .iter()
+        .find_map(|failure| failure.case.as_ref().map(|(id, _)| *id));
+    Ok(Verdict {
+        passed,
+        suspects,
+        first_failed,
+    })
+}
+
+/// Sends each suspect alone to a fresh server and says which of them takes it down.
+async fn replay_suspects(
+    args: &FuzzArgs,
+    seed: u64,
+    classes: &[Class],
+    suspects: &[CaseId],
+    http: &reqwest::Client,
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<()> {
+    println!(
+        "\nreplaying the {} suspects one at a time on fresh servers ...",
+        suspects.len()
+    );
+    let mut culprits = Vec::new();
+    for id in suspects {
+        let mut server = Server::start(&args.server_bin, &args.redis_url, http).await?;
+        let outcome = takes_down(seed, classes, *id, http, &mut server).await;
+        server.stop().await.ok();
+        redis_util::delete_prefix(redis, &server.redis_prefix).await?;
+        if let Some(status) = outcome? {
+            println!(
+                "  case {id} alone takes the server down ({status}): {}",
+                replay_command(args, seed, *id)
+            );
+            culprits.push(*id);
+        }
+    }
+    if culprits.is_empty() {
+        println!("  none of them alone: it takes several at once, or timing");
+    }
+    Ok(())
+}
+
+/// How long after its answer a replayed case's server is watched for an exit.
+const REPLAY_WATCH: Duration = Duration::from_secs(1);
+
+async fn takes_down(
+    seed: u64,
+    classes: &[Class],
+    id: CaseId,
+    http: &reqwest::Client,
+    server: &mut Server,
+) -> anyhow::Result<Option<std::process::ExitStatus>> {
+    let graphql_url = server.url("/graphql");
+    let (token, known) = sign_up_and_publish(http, &graphql_url).await?;
+    let inputs = Inputs {
+        schema: schema::Schema::load(),
+        known,
+        corpus: mutate::corpus(),
+        classes: classes.to_vec(),
+    };
+    let target = Target {
+        http: http.clone(),
+        ws_url: format!("ws://{}/graphql/ws", server.addr),
+        graphql_url,
+        token,
+    };
+    send(&generate_case(seed, id, &inputs), &target).await;
+    let watched = Instant::now();
+    while watched.elapsed() < REPLAY_WATCH {
+        if let Some(status) = server.try_wait()? {
+            return Ok(Some(status));
+        }
+        tokio::time::sleep(EXIT_CHECK_INTERVAL).await;
+    }
+    Ok(None)
 }
 
 fn tally_has(shared: &Shared, kind: &str) -> bool {
@@ -780,7 +917,9 @@ fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
         println!("\nFAILED: the server exited ({status}).");
         println!("Cases in flight when it went (one of them took it down):");
         for failure in &tally.failures {
-            if let ("no answer", Some((_, case))) = (failure.kind, &failure.case) {
+            if let Some((_, case)) = &failure.case
+                && LOST_CONNECTION.contains(&failure.kind)
+            {
                 println!(
                     "  at {:.1} s: {}",
                     failure.at.as_secs_f64(),
@@ -812,12 +951,5 @@ fn report_failures(seed: u64, tally: &Tally, exited: Option<String>) {
                 println!("full request: {}", path.display());
             }
         }
-    }
-    if let Some((id, _)) = tally
-        .failures
-        .iter()
-        .find_map(|failure| failure.case.as_ref())
-    {
-        println!("\nreplay the first failed case: pulse-bench fuzz --seed {seed} --case {id}");
     }
 }
