@@ -101,7 +101,8 @@ pub struct FuzzArgs {
     /// Input classes to leave out, comma-separated (e.g. `nesting,fragments`).
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<fuzz::Class>,
-    /// Send only this case (`<worker>:<number>`, as printed with a failure; needs the same --seed).
+    /// Send only this case (`<worker>:<number>`, as printed with a failure; needs the same --seed
+    /// and --skip).
     #[arg(long)]
     pub case: Option<fuzz::CaseId>,
     /// Redis for the server.
