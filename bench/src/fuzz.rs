@@ -553,14 +553,16 @@ async fn sign_up_and_publish(http: &reqwest::Client, url: &str) -> anyhow::Resul
     Ok((token, known))
 }
 
-/// How a run went: whether every check held, and when the server exited, the cases whose
-/// connection broke shortly before (one of them, or several together, took it down).
+/// How a run went: whether every check held, and the cases to replay alone to find which one
+/// took the server down or wedged it.
 struct Verdict {
     passed: bool,
     suspects: Vec<CaseId>,
     first_failed: Option<CaseId>,
 }
 
+/// Suspects replayed at most: a replay of a case that wedges the server costs half a minute.
+const MAX_SUSPECTS: usize = 8;
 /// How long before the exit was seen a broken connection makes its case a suspect.
 const SUSPECT_WINDOW: Duration = Duration::from_secs(2);
 
@@ -595,16 +597,16 @@ async fn fuzz(
     let pid = server.pid().to_string();
     let ticks = proc_stats::clock_ticks_per_second();
     let cpu_before = proc_stats::cpu_ticks(&pid)?;
-    println!(
-        "fuzzing for {}s with {} workers; classes: {}",
-        args.seconds,
-        args.concurrency,
-        classes
-            .iter()
-            .map(|class| class.name())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let class_names: Vec<String> = classes.iter().map(|class| class.name()).collect();
+    match args.case {
+        Some(id) => println!("sending case {id} alone"),
+        None => println!(
+            "fuzzing for {}s with {} workers; classes: {}",
+            args.seconds,
+            args.concurrency,
+            class_names.join(",")
+        ),
+    }
 
     let mut workers = tokio::task::JoinSet::new();
     if let Some(id) = args.case {
@@ -719,16 +721,21 @@ async fn fuzz(
     if !passed {
         report_failures(seed, &tally, exited.map(|(status, _)| status.to_string()));
     }
+    // A case that took the server down broke its connection just before the exit was seen; a
+    // case that wedged it was slow, and so was every case queued behind it.
+    let suspect = |failure: &Failure| match exited {
+        Some((_, seen_at)) => {
+            LOST_CONNECTION.contains(&failure.kind) && failure.at + SUSPECT_WINDOW >= seen_at
+        }
+        None => failure.kind == "slow",
+    };
     let mut suspects = Vec::new();
-    if let Some((_, seen_at)) = exited {
-        for failure in &tally.failures {
-            if let Some((id, _)) = &failure.case
-                && LOST_CONNECTION.contains(&failure.kind)
-                && failure.at + SUSPECT_WINDOW >= seen_at
-                && !suspects.contains(id)
-            {
-                suspects.push(*id);
-            }
+    for failure in tally.failures.iter().filter(|failure| suspect(failure)) {
+        if let Some((id, _)) = &failure.case
+            && !suspects.contains(id)
+            && suspects.len() < MAX_SUSPECTS
+        {
+            suspects.push(*id);
         }
     }
     let first_failed = tally
@@ -742,7 +749,7 @@ async fn fuzz(
     })
 }
 
-/// Sends each suspect alone to a fresh server and says which of them takes it down.
+/// Sends each suspect alone to a fresh server and says which of them fails on its own.
 async fn replay_suspects(
     args: &FuzzArgs,
     seed: u64,
@@ -752,25 +759,35 @@ async fn replay_suspects(
     redis: &mut redis::aio::MultiplexedConnection,
 ) -> anyhow::Result<()> {
     println!(
-        "\nreplaying the {} suspects one at a time on fresh servers ...",
+        "\nreplaying {} suspect cases one at a time, each on a fresh server ...",
         suspects.len()
     );
-    let mut culprits = Vec::new();
+    let mut culprits = 0;
     for id in suspects {
         let mut server = Server::start(&args.server_bin, &args.redis_url, http).await?;
-        let outcome = takes_down(seed, classes, *id, http, &mut server).await;
+        let outcome = alone(seed, classes, *id, http, &mut server).await;
         server.stop().await.ok();
         redis_util::delete_prefix(redis, &server.redis_prefix).await?;
-        if let Some(status) = outcome? {
+        let (answer, exited) = outcome?;
+        let mut fails: Vec<String> = answer
+            .failures
+            .iter()
+            .map(|(kind, _)| (*kind).to_owned())
+            .collect();
+        if let Some(status) = exited {
+            fails.push(format!("the server exited ({status})"));
+        }
+        if !fails.is_empty() {
+            culprits += 1;
             println!(
-                "  case {id} alone takes the server down ({status}): {}",
+                "  case {id} alone: {}; replay: {}",
+                fails.join(", "),
                 replay_command(args, seed, *id)
             );
-            culprits.push(*id);
         }
     }
-    if culprits.is_empty() {
-        println!("  none of them alone: it takes several at once, or timing");
+    if culprits == 0 {
+        println!("  none fails alone: it takes several cases at once, or timing");
     }
     Ok(())
 }
@@ -778,13 +795,14 @@ async fn replay_suspects(
 /// How long after its answer a replayed case's server is watched for an exit.
 const REPLAY_WATCH: Duration = Duration::from_secs(1);
 
-async fn takes_down(
+/// Sends case `id` alone; its answer, and the server's exit status if it exited.
+async fn alone(
     seed: u64,
     classes: &[Class],
     id: CaseId,
     http: &reqwest::Client,
     server: &mut Server,
-) -> anyhow::Result<Option<std::process::ExitStatus>> {
+) -> anyhow::Result<(Answer, Option<std::process::ExitStatus>)> {
     let graphql_url = server.url("/graphql");
     let (token, known) = sign_up_and_publish(http, &graphql_url).await?;
     let inputs = Inputs {
@@ -799,15 +817,15 @@ async fn takes_down(
         graphql_url,
         token,
     };
-    send(&generate_case(seed, id, &inputs), &target).await;
+    let answer = send(&generate_case(seed, id, &inputs), &target).await;
     let watched = Instant::now();
     while watched.elapsed() < REPLAY_WATCH {
         if let Some(status) = server.try_wait()? {
-            return Ok(Some(status));
+            return Ok((answer, Some(status)));
         }
         tokio::time::sleep(EXIT_CHECK_INTERVAL).await;
     }
-    Ok(None)
+    Ok((answer, None))
 }
 
 fn tally_has(shared: &Shared, kind: &str) -> bool {
