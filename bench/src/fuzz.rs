@@ -330,8 +330,8 @@ pub fn check_http_body(status: u16, body: &[u8], answer: &mut Answer) {
     match checks::graphql_response(&value) {
         Ok(codes) => answer.label(format!("http {status} {}", checks::label(&codes))),
         Err(problem) => {
-            answer.label(format!("http {status} uncoded"));
-            answer.fail("uncoded error", format!("status {status}: {problem}"));
+            answer.label(format!("http {status} {}", problem.kind));
+            answer.fail(problem.kind, format!("status {status}: {}", problem.detail));
         }
     }
 }

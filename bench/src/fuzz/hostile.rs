@@ -114,7 +114,7 @@ pub fn fragments(rng: &mut impl Rng) -> Operation {
 pub fn aliases(rng: &mut impl Rng) -> Operation {
     let count = rng.random_range(1000..=20_000);
     let mut query = String::from("{");
-    match rng.random_range(0..4) {
+    match rng.random_range(0..6) {
         0 => (0..count)
             .for_each(|index| write!(query, " a{index}: __typename").expect("writing to a String")),
         1 => (0..count / 4).for_each(|index| {
@@ -125,6 +125,21 @@ pub fn aliases(rng: &mut impl Rng) -> Operation {
             query.push_str(&" @skip(if: false)".repeat(count / 4));
             query.push_str(" { id }");
         }
+        // An error per field: duplicate or unknown directives, unknown fields. (async-graphql
+        // does not check directives on `__typename`, hence `viewer`.)
+        3 => (0..count / 4).for_each(|index| {
+            write!(
+                query,
+                " a{index}: viewer @skip(if: false) @skip(if: false) {{ id }}"
+            )
+            .expect("writing to a String")
+        }),
+        4 => (0..count / 4).for_each(|index| {
+            write!(query, " a{index}: viewer @fuzz {{ id }}").expect("writing to a String")
+        }),
+        5 => (0..count / 4).for_each(|index| {
+            write!(query, " a{index}: noSuchField").expect("writing to a String")
+        }),
         _ => (0..count / 2).for_each(|_| query.push_str(" __typename")),
     }
     query.push_str(" }");

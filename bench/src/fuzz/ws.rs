@@ -358,7 +358,7 @@ impl Reading {
         };
         match checked {
             Ok(codes) => answer.label(format!("ws {kind} {}", checks::label(&codes))),
-            Err(problem) => answer.fail("uncoded error", format!("ws {kind}: {problem}")),
+            Err(problem) => answer.fail(problem.kind, format!("ws {kind}: {}", problem.detail)),
         }
     }
 }
