@@ -613,7 +613,7 @@ async fn fuzz(
         let (inputs, target, shared) = (inputs.clone(), target.clone(), shared.clone());
         workers.spawn(async move {
             let case = generate_case(seed, id, &inputs);
-            println!("{}", case.describe());
+            println!("{}", checks::excerpt(&case.describe()));
             let answer = send(&case, &target).await;
             shared.record(&case, answer);
         });
@@ -645,15 +645,15 @@ async fn fuzz(
     let max_rss = args.max_rss_mib * 1024 * 1024;
     let mut peak_rss = 0;
     let mut exited = None;
-    let mut last_sample = Instant::now() - RSS_SAMPLE_INTERVAL;
+    let mut last_sample: Option<Instant> = None;
     while !workers.is_empty() {
         if let Some(status) = server.try_wait()? {
             exited = Some((status, shared.started.elapsed()));
             shared.stop.store(true, Ordering::Relaxed);
             break;
         }
-        if last_sample.elapsed() >= RSS_SAMPLE_INTERVAL {
-            last_sample = Instant::now();
+        if last_sample.is_none_or(|sampled| sampled.elapsed() >= RSS_SAMPLE_INTERVAL) {
+            last_sample = Some(Instant::now());
             if let Ok((rss, _)) = proc_stats::memory(&pid) {
                 peak_rss = peak_rss.max(rss);
                 if rss > max_rss && !shared.stop.swap(true, Ordering::Relaxed) {
