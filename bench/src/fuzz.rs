@@ -6,6 +6,7 @@
 //! Every case is generated from its own random stream, derived from the seed, the worker and the
 //! case number, so `--seed S --case W:N` sends the same case again.
 
+mod case;
 mod checks;
 mod generate;
 mod hostile;
@@ -15,16 +16,13 @@ mod ws;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use rand::Rng;
 use rand::distr::{Alphanumeric, SampleString as _};
-use rand::rngs::StdRng;
-use rand::seq::IndexedRandom as _;
-use rand::{Rng, SeedableRng as _};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::{Value, json};
 
@@ -34,8 +32,9 @@ use crate::record_view::graphql;
 use crate::redis_util;
 use crate::report::{MIB, print_table, thousands};
 use crate::server::Server;
-use generate::{Generator, Known, Operation};
-use ws::{Init, Protocol, Session};
+use case::{Auth, Case, Entry, Inputs, generate_case};
+pub use case::{CaseId, Class};
+use generate::Known;
 
 /// An answer slower than this is a failure: a sign of work without bound.
 pub const SLOW: Duration = Duration::from_secs(10);
@@ -48,233 +47,6 @@ const SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
 const MAX_SCRAPE_BYTES: usize = 2 * 1024 * 1024;
 /// Failures whose full request is written to a file, for replay.
 const SAVED_FAILURES: usize = 20;
-
-/// Kinds of input; `--skip` takes their names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub enum Class {
-    /// Operations generated from schema.graphql.
-    Schema,
-    /// Lists, objects and selections nested up to thousands deep.
-    Nesting,
-    /// Fragment chains that spread the next one 2-3 times, up to 30 levels; spread cycles.
-    Fragments,
-    /// Thousands of aliases, fields or duplicate directives.
-    Aliases,
-    /// Huge string, number and block-string literals.
-    Literals,
-    /// Long operation names, named in `operationName` or not.
-    Names,
-    /// 4-byte, combining and right-to-left text; NUL and lone-surrogate escapes; comments.
-    Unicode,
-    /// Bodies that are not UTF-8, not JSON, truncated, batched or over the size limit (HTTP).
-    Bytes,
-    /// Byte-level mutations of the README's examples and the tests' operations.
-    Mutate,
-    /// Variables of random types, deeply nested, huge arrays.
-    Variables,
-    /// Websocket protocol abuse: garbage frames, bad connection_init, duplicate ids.
-    Protocol,
-}
-
-impl Class {
-    fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self)
-            .expect("no class is skipped by clap")
-            .get_name()
-            .to_owned()
-    }
-
-    /// How often each class is drawn, relative to the others.
-    fn weight(self) -> u32 {
-        match self {
-            Self::Schema => 30,
-            Self::Mutate => 20,
-            Self::Unicode | Self::Variables => 8,
-            Self::Nesting | Self::Bytes | Self::Protocol => 6,
-            Self::Fragments | Self::Aliases | Self::Literals => 5,
-            Self::Names => 3,
-        }
-    }
-}
-
-/// `<worker>:<number>`, as printed with a failure.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CaseId {
-    worker: u32,
-    number: u64,
-}
-
-impl FromStr for CaseId {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (worker, number) = text
-            .split_once(':')
-            .ok_or_else(|| format!("expected <worker>:<number>, got `{text}`"))?;
-        Ok(Self {
-            worker: worker.parse().map_err(|err| format!("worker: {err}"))?,
-            number: number.parse().map_err(|err| format!("number: {err}"))?,
-        })
-    }
-}
-
-impl std::fmt::Display for CaseId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.worker, self.number)
-    }
-}
-
-#[derive(Clone, Debug)]
-enum Auth {
-    None,
-    Valid,
-    Garbage(Vec<u8>),
-}
-
-#[derive(Clone, Debug)]
-enum Entry {
-    Http(Vec<u8>),
-    Ws(Session),
-}
-
-impl Entry {
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Http(_) => "POST /graphql",
-            Self::Ws(session) => match session.protocol {
-                Protocol::TransportWs => "ws graphql-transport-ws",
-                Protocol::Legacy => "ws graphql-ws",
-            },
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Case {
-    id: CaseId,
-    class: Class,
-    auth: Auth,
-    entry: Entry,
-}
-
-impl Case {
-    fn describe(&self) -> String {
-        let auth = match &self.auth {
-            Auth::None => "none".to_owned(),
-            Auth::Valid => "valid token".to_owned(),
-            Auth::Garbage(bytes) => format!("{:?}", String::from_utf8_lossy(bytes)),
-        };
-        let request = match &self.entry {
-            Entry::Http(body) => String::from_utf8_lossy(body).into_owned(),
-            Entry::Ws(session) => session.describe(),
-        };
-        format!(
-            "case {} ({}, {}, Authorization: {auth})\n{request}",
-            self.id,
-            self.class.name(),
-            self.entry.name()
-        )
-    }
-}
-
-/// What the generators share for the whole run.
-struct Inputs {
-    schema: schema::Schema,
-    known: Known,
-    corpus: Vec<String>,
-    classes: Vec<Class>,
-}
-
-/// SplitMix64's finaliser: spreads seed, worker and number over the whole state.
-fn mix(mut value: u64) -> u64 {
-    value = value.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    value = (value ^ (value >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    value = (value ^ (value >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    value ^ (value >> 31)
-}
-
-fn generate_case(seed: u64, id: CaseId, inputs: &Inputs) -> Case {
-    let mut rng = StdRng::seed_from_u64(mix(seed ^ mix((u64::from(id.worker) << 48) ^ id.number)));
-    let class = *inputs
-        .classes
-        .choose_weighted(&mut rng, |class| class.weight())
-        .expect("at least one class");
-    let auth = match rng.random_range(0..20) {
-        0..=11 => Auth::None,
-        12..=16 => Auth::Valid,
-        _ => Auth::Garbage(garbage_authorization(&mut rng)),
-    };
-    let protocol = if rng.random_bool(2.0 / 3.0) {
-        Protocol::TransportWs
-    } else {
-        Protocol::Legacy
-    };
-    let entry = match class {
-        Class::Bytes => {
-            let operation = Generator::new(&inputs.schema, &inputs.known, &mut rng).operation();
-            Entry::Http(hostile::malformed_body(&mut rng, &operation))
-        }
-        Class::Protocol => Entry::Ws(Session::abuse(&mut rng, protocol)),
-        _ if rng.random_bool(0.75) => {
-            let operation = operation(class, &mut rng, inputs, 10_000);
-            Entry::Http(operation.to_json().into_bytes())
-        }
-        _ => {
-            let init = match auth {
-                Auth::Valid => Init::Token,
-                _ => Init::Anonymous,
-            };
-            // serde_json refuses nesting past 128 in a websocket message as a whole; deeper
-            // variables are the HTTP side's and the protocol class's.
-            let operations: Vec<Operation> = (0..rng.random_range(1..=3))
-                .map(|_| operation(class, &mut rng, inputs, 100))
-                .collect();
-            Entry::Ws(Session::documents(protocol, init, &operations))
-        }
-    };
-    Case {
-        id,
-        class,
-        auth,
-        entry,
-    }
-}
-
-fn operation(class: Class, rng: &mut StdRng, inputs: &Inputs, max_json_depth: usize) -> Operation {
-    match class {
-        Class::Nesting => hostile::nesting(rng),
-        Class::Fragments => hostile::fragments(rng),
-        Class::Aliases => hostile::aliases(rng),
-        Class::Literals => hostile::literals(rng),
-        Class::Names => hostile::names(rng),
-        Class::Unicode => hostile::unicode(rng),
-        Class::Variables => hostile::variables(rng, max_json_depth),
-        Class::Mutate => {
-            let document = inputs.corpus.choose(rng).expect("a corpus");
-            let mutated = mutate::mutate(rng, document.as_bytes(), &inputs.corpus);
-            Operation::new(String::from_utf8_lossy(&mutated).into_owned())
-        }
-        Class::Schema | Class::Bytes | Class::Protocol => {
-            Generator::new(&inputs.schema, &inputs.known, rng).operation()
-        }
-    }
-}
-
-fn garbage_authorization(rng: &mut impl Rng) -> Vec<u8> {
-    let value = match rng.random_range(0..6) {
-        0 => "Bearer".to_owned(),
-        1 => "Bearer a.b.c".to_owned(),
-        2 => "Basic eDp5".to_owned(),
-        3 => format!("Bearer {}", "x".repeat(rng.random_range(1..16_000))),
-        4 => format!("bearer  {}", Alphanumeric.sample_string(rng, 40)),
-        _ => {
-            return (0..rng.random_range(1..200))
-                .map(|_| rng.random_range(0x20..=0xff))
-                .collect();
-        }
-    };
-    value.into_bytes()
-}
 
 /// What one case got back: labels for the summary and the checks it failed.
 #[derive(Default)]
