@@ -3,9 +3,12 @@
 //! - `record-view`: HTTP `recordView` throughput, latency and server cost against a real `pulse`
 //!   process, checked for exact counts, next to a `redis-benchmark` ceiling of the same Lua script.
 //! - `dedup-memory`: Redis bytes per dedup ("seen") marker, written exactly as the script does.
+//! - `fuzz`: generated, hostile and mutated GraphQL requests over HTTP and websockets against a
+//!   real `pulse` process, for a bounded time; fails on an exit, a 5xx or an uncoded error.
 
 mod ceiling;
 mod dedup_memory;
+mod fuzz;
 mod load;
 mod proc_stats;
 mod record_view;
@@ -36,6 +39,10 @@ enum Command {
     RecordView(RecordViewArgs),
     /// Measure Redis bytes per dedup marker (one per viewer per article per window).
     DedupMemory(DedupMemoryArgs),
+    /// Throw generated, hostile and mutated GraphQL requests at a freshly started server over
+    /// HTTP and websockets; fail on an exit, a 5xx, an uncoded error, a slow answer or too much
+    /// memory.
+    Fuzz(FuzzArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -73,6 +80,36 @@ pub struct DedupMemoryArgs {
     pub common: CommonArgs,
 }
 
+#[derive(Debug, Clone, Args)]
+pub struct FuzzArgs {
+    /// How long to send new cases, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// Seed of the run; random when unset. Printed at the start and with every failure.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// The pulse binary to start (`<server-bin> serve`). A debug build has deeper stack frames,
+    /// which makes it the harsher target.
+    #[arg(long, default_value = "target/debug/pulse")]
+    pub server_bin: PathBuf,
+    /// The server's resident memory may not exceed this many MiB.
+    #[arg(long, default_value_t = 512)]
+    pub max_rss_mib: u64,
+    /// Cases in flight at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub concurrency: u32,
+    /// Input classes to leave out, comma-separated (e.g. `nesting,fragments`).
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<fuzz::Class>,
+    /// Send only this case (`<worker>:<number>`, as printed with a failure; needs the same --seed
+    /// and --skip).
+    #[arg(long)]
+    pub case: Option<fuzz::CaseId>,
+    /// Redis for the server.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+}
+
 /// Flags every scenario takes.
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
@@ -98,6 +135,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::RecordView(args) => record_view::run(args).await,
             Command::DedupMemory(args) => dedup_memory::run(args).await,
+            Command::Fuzz(args) => fuzz::run(args).await,
         }
     })
 }

@@ -227,7 +227,7 @@ async fn drive(
 }
 
 /// One GraphQL operation; any transport, status or GraphQL error is an error.
-async fn graphql(
+pub(crate) async fn graphql(
     http: &reqwest::Client,
     url: &str,
     token: Option<&str>,

@@ -85,6 +85,11 @@ impl Server {
         self.pid
     }
 
+    /// How the server exited, if it has.
+    pub fn try_wait(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
