@@ -238,11 +238,16 @@ impl Session {
     /// `connection_init` is 4403, a `subscribe` before the acknowledgement 4401, a message that is
     /// not one of the protocol's 4400.
     fn protocol_close(&self, code: u16, reason: &str) -> CloseFrame {
+        // 1011 says the server failed, but async-graphql means the client started an operation
+        // before its `connection_init` was acknowledged; the legacy protocol has no code for that,
+        // so both get graphql-transport-ws's.
+        if code == 1011 {
+            return close_frame(4401, "Unauthorized");
+        }
         if self.protocol != WebSocketProtocols::GraphQLWS {
             return close_frame(code, reason);
         }
         match code {
-            1011 => close_frame(4401, "Unauthorized"),
             1002 if self.initialised && !self.acknowledged => close_frame(4403, reason),
             1002 => close_frame(4400, reason),
             _ => close_frame(code, reason),

@@ -357,3 +357,12 @@ async fn the_legacy_protocol_refuses_a_bad_token_with_a_coded_error_and_a_close_
     );
     assert_eq!(u16::from(close_frame(&mut socket).await.code), 1000);
 }
+
+#[tokio::test]
+async fn the_legacy_protocol_closes_an_operation_started_before_init_as_unauthorized() {
+    let app = TestApp::spawn().await;
+    let mut socket = open_socket(&app, "graphql-ws").await;
+    let start = json!({ "id": "1", "type": "start", "payload": { "query": SUBSCRIPTION } });
+    send(&mut socket, start).await;
+    assert_eq!(u16::from(close_frame(&mut socket).await.code), 4401);
+}

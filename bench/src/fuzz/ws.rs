@@ -26,6 +26,13 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    fn accepted_close_codes(self) -> &'static [u16] {
+        match self {
+            Self::TransportWs => TRANSPORT_WS_CLOSE_CODES,
+            Self::Legacy => LEGACY_CLOSE_CODES,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::TransportWs => "graphql-transport-ws",
@@ -69,7 +76,11 @@ pub struct Session {
 
 /// Close codes of the graphql-transport-ws protocol and of a normal websocket close. 4500 is in
 /// the protocol but means an internal error: a failure.
-const ACCEPTED_CLOSE_CODES: &[u16] = &[1000, 1001, 4400, 4401, 4403, 4408, 4409, 4429];
+const TRANSPORT_WS_CLOSE_CODES: &[u16] = &[1000, 1001, 4400, 4401, 4403, 4408, 4409, 4429];
+/// The legacy protocol names no close codes of its own: a message it cannot read is a websocket
+/// protocol error (1002); Pulse's init timeout and its code for an operation started before the
+/// acknowledgement (4401) apply to it too.
+const LEGACY_CLOSE_CODES: &[u16] = &[1000, 1001, 1002, 4401, 4408];
 
 impl Session {
     /// A session that sends `operations` as subscriptions after an ordinary `connection_init`.
@@ -319,11 +330,12 @@ impl Reading {
             }
             Message::Close(frame) => {
                 let code = frame.map_or(1005, |frame| u16::from(frame.code));
-                if !ACCEPTED_CLOSE_CODES.contains(&code) {
+                let accepted = self.protocol.accepted_close_codes();
+                if !accepted.contains(&code) {
                     answer.fail(
                         "ws close code",
                         format!(
-                            "{} closed with {code}, not one of {ACCEPTED_CLOSE_CODES:?}",
+                            "{} closed with {code}, not one of {accepted:?}",
                             self.protocol.name()
                         ),
                     );
