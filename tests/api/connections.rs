@@ -8,29 +8,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
 use crate::helpers::TestApp;
 use crate::subscriptions::{
-    SUBSCRIPTION, Socket, next_message, send, subscribed, wait_until_listening,
+    SUBSCRIPTION, Socket, next_message, open_socket, send, subscribed, wait_until_listening,
 };
 
 const SHORT: Duration = Duration::from_millis(300);
-
-/// A websocket upgraded with `protocol` that has sent nothing yet.
-async fn open_socket(app: &TestApp, protocol: &str) -> Socket {
-    let mut request = format!("ws://{}/graphql/ws", app.addr)
-        .into_client_request()
-        .unwrap();
-    request
-        .headers_mut()
-        .insert("sec-websocket-protocol", protocol.parse().unwrap());
-    let (socket, _) = tokio_tungstenite::connect_async(request)
-        .await
-        .expect("websocket upgrade");
-    socket
-}
 
 /// The close frame the server ends the socket with, skipping any messages before it.
 async fn close_frame(socket: &mut Socket) -> CloseFrame {

@@ -220,14 +220,20 @@ async fn only_configured_origins_may_call_cross_origin() {
     );
 }
 
-#[tokio::test]
-async fn losing_redis_makes_the_hot_path_unavailable_not_broken() {
-    let dir = std::env::temp_dir().join(format!("pulse-lost-redis-{}", rand::random::<u32>()));
+/// An app on a Redis of its own, which the test may stop.
+async fn app_on_a_private_redis() -> (TestApp, pulse::redis::embedded::PrivateRedis) {
+    let dir = std::env::temp_dir().join(format!("pulse-private-redis-{}", rand::random::<u32>()));
     let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
         .await
         .expect("redis-server is installed on test machines");
     let url = private.url().to_owned();
     let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
+    (app, private)
+}
+
+#[tokio::test]
+async fn losing_redis_makes_the_hot_path_unavailable_not_broken() {
+    let (app, private) = app_on_a_private_redis().await;
     let (token, _) = app.sign_up("redisless").await;
     let article = app.publish(&token, "still here").await;
 
@@ -260,12 +266,7 @@ fn counter_value(metrics: &str, name: &str) -> f64 {
 
 #[tokio::test]
 async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcement_counted() {
-    let dir = std::env::temp_dir().join(format!("pulse-lost-announce-{}", rand::random::<u32>()));
-    let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
-        .await
-        .expect("redis-server is installed on test machines");
-    let url = private.url().to_owned();
-    let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
+    let (app, private) = app_on_a_private_redis().await;
     let (token, _) = app.sign_up("announcer").await;
     let lost_before = counter_value(
         &app.metrics().await,

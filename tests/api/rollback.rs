@@ -102,6 +102,17 @@ async fn redis_seq(app: &TestApp, article: &str) -> i64 {
     seq.unwrap_or(0)
 }
 
+/// Polls until the article's shard has taken batch `seq`, for at most 5 s.
+async fn wait_for_redis_seq(app: &TestApp, article: &str, seq: i64, failure: &str) {
+    for _ in 0..200 {
+        if redis_seq(app, article).await == seq {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(redis_seq(app, article).await, seq, "{failure}");
+}
+
 async fn top_score(app: &TestApp) -> f64 {
     let response = app
         .graphql("{ topArticles(first: 1) { score } }", serde_json::json!({}))
@@ -148,17 +159,13 @@ async fn a_redis_restored_from_an_older_snapshot_never_counts_flushed_views_twic
     assert_eq!(stored_article(&state, &article).await.view_count, 300);
     restore(&state.redis, &saved).await;
     let app = Arc::new(TestApp::start(config).await);
-    for _ in 0..200 {
-        if redis_seq(&app, &article).await == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(
-        redis_seq(&app, &article).await,
+    wait_for_redis_seq(
+        &app,
+        &article,
         1,
-        "the start-up flush never repaired the shard"
-    );
+        "the start-up flush never repaired the shard",
+    )
+    .await;
 
     assert_eq!(sql_view_count(&app, &article).await, 300);
     assert_eq!(view_count(&app, &article).await, 300);
@@ -196,17 +203,7 @@ async fn a_snapshot_taken_while_a_batch_was_in_flight_is_still_exact() {
         );
         tokio::spawn(async move { flusher.flush_all().await })
     };
-    for _ in 0..200 {
-        if redis_seq(&app, &article).await == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(
-        redis_seq(&app, &article).await,
-        1,
-        "the flusher took nothing"
-    );
+    wait_for_redis_seq(&app, &article, 1, "the flusher took nothing").await;
     let saved = snapshot(&app.state.redis).await;
     lock.release().await;
     assert_eq!(blocked.await.unwrap().unwrap().views, 200);

@@ -10,16 +10,22 @@ use crate::helpers::TestApp;
 pub type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-pub async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
+/// A websocket upgraded with `protocol` that has sent nothing yet.
+pub async fn open_socket(app: &TestApp, protocol: &str) -> Socket {
     let mut request = format!("ws://{}/graphql/ws", app.addr)
         .into_client_request()
         .unwrap();
     request
         .headers_mut()
         .insert("sec-websocket-protocol", protocol.parse().unwrap());
-    let (mut socket, _) = tokio_tungstenite::connect_async(request)
+    let (socket, _) = tokio_tungstenite::connect_async(request)
         .await
         .expect("websocket upgrade");
+    socket
+}
+
+pub async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
+    let mut socket = open_socket(app, protocol).await;
     send(
         &mut socket,
         json!({ "type": "connection_init", "payload": init_payload }),
