@@ -12,6 +12,7 @@ pub mod graphql;
 pub mod http;
 pub mod realtime;
 pub mod redis;
+pub mod services;
 pub mod telemetry;
 pub mod text;
 pub mod views;

@@ -89,10 +89,6 @@ impl AccountService {
         }
     }
 
-    pub fn tokens(&self) -> &TokenSigner {
-        &self.tokens
-    }
-
     #[tracing::instrument(skip_all)]
     pub async fn sign_up(
         &self,
@@ -186,6 +182,20 @@ impl AccountService {
     /// Grants or revokes the admin role; `NOT_FOUND` when no such user exists.
     pub async fn set_admin(&self, handle: &str, is_admin: bool) -> AppResult<users::Model> {
         set_admin(&self.db, handle, is_admin).await
+    }
+
+    /// Grants the admin role to the handles of `PULSE_ADMINS`. A handle that cannot be granted (no
+    /// such user yet, SQL down) is logged and skipped: the server still starts, and the grant can be
+    /// made later with `pulse admin grant`.
+    pub async fn grant_configured_admins(&self, handles: &[String]) {
+        for handle in handles.iter().filter(|handle| !handle.trim().is_empty()) {
+            match self.set_admin(handle, true).await {
+                Ok(_) => tracing::info!(handle, "admin role granted from PULSE_ADMINS"),
+                Err(err) => {
+                    tracing::warn!(handle, error = %err, "cannot grant admin role from PULSE_ADMINS")
+                }
+            }
+        }
     }
 }
 

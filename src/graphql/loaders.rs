@@ -5,9 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use async_graphql::dataloader::DataLoader;
 
-use super::Services;
 use crate::accounts::loader::UserLoader;
 use crate::articles::loader::ArticleLoader;
+use crate::services::Services;
 use crate::views::loader::ViewCountLoader;
 
 pub struct Loaders {

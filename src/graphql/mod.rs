@@ -12,7 +12,9 @@ pub mod schema;
 use async_graphql::Context;
 
 pub use context::RequestContext;
-pub use schema::{PulseSchema, Services};
+pub use schema::PulseSchema;
+
+use crate::services::Services;
 
 /// The services the schema was built with.
 pub fn services<'a>(ctx: &Context<'a>) -> &'a Services {

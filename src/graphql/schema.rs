@@ -6,11 +6,9 @@ use super::RequestContext;
 use super::extensions::{DocumentCache, DocumentGuard, ErrorCodes, OperationMetrics};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
-use crate::accounts::AccountService;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
-use crate::articles::ArticleService;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
-use crate::views::ViewService;
+use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
 
 #[derive(MergedObject, Default)]
@@ -23,14 +21,6 @@ pub struct Mutation(AccountsMutation, ArticlesMutation, ViewsMutation);
 pub struct Subscription(ArticlesSubscription);
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
-
-/// The service layer, shared by every request.
-#[derive(Clone)]
-pub struct Services {
-    pub accounts: AccountService,
-    pub articles: ArticleService,
-    pub views: ViewService,
-}
 
 /// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
 /// within it and cache nothing across requests.

@@ -10,9 +10,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
-use super::HttpState;
 use super::server::ConnectionSlot;
 use super::websocket;
+use crate::app::AppState;
 use crate::error::{AppError, shorten_message};
 use crate::graphql::RequestContext;
 use crate::graphql::schema::attach_request_data;
@@ -73,7 +73,7 @@ fn malformed(status: StatusCode, mut message: String) -> Response {
 }
 
 fn request_context(
-    state: &HttpState,
+    state: &AppState,
     peer: SocketAddr,
     headers: &HeaderMap,
     token: Option<&str>,
@@ -91,7 +91,7 @@ fn request_context(
 }
 
 pub async fn execute(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     request: Request,
@@ -170,7 +170,7 @@ fn init_payload_token(payload: &serde_json::Value) -> Result<Option<String>, App
 }
 
 pub async fn websocket(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Extension(slot): Extension<ConnectionSlot>,
     headers: HeaderMap,
