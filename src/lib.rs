@@ -1,6 +1,7 @@
 //! Pulse: a GraphQL engagement API. See README.md for the architecture and DESIGN.md for principles.
 
 pub mod accounts;
+pub mod actor;
 pub mod app;
 pub mod articles;
 pub mod commands;

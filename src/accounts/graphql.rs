@@ -6,7 +6,7 @@ use crate::entities::users;
 use crate::error::GqlResultExt;
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{PageRequest, connection_complexity};
-use crate::graphql::{loaders, request, services};
+use crate::graphql::{actor, loaders, services};
 
 pub struct User(pub users::Model);
 
@@ -26,7 +26,7 @@ impl User {
 
     /// Whether this user holds the admin role. Only the user themself can see it; null for others.
     async fn is_admin(&self, ctx: &Context<'_>) -> Option<bool> {
-        (request(ctx).viewer == Some(self.0.id)).then_some(self.0.is_admin)
+        (actor(ctx).user == Some(self.0.id)).then_some(self.0.is_admin)
     }
 
     /// This user's articles, newest first.
@@ -75,7 +75,7 @@ pub struct AccountsQuery;
 impl AccountsQuery {
     /// The signed-in user; null when anonymous.
     async fn viewer(&self, ctx: &Context<'_>) -> async_graphql::Result<Option<User>> {
-        match request(ctx).viewer {
+        match actor(ctx).user {
             Some(id) => load_user(ctx, id).await,
             None => Ok(None),
         }
@@ -106,10 +106,9 @@ impl AccountsMutation {
         handle: String,
         password: String,
     ) -> async_graphql::Result<AuthPayload> {
-        let client = request(ctx).client_ip;
         Ok(services(ctx)
             .accounts
-            .sign_up(client, &handle, &password)
+            .sign_up(actor(ctx), &handle, &password)
             .await
             .gql()?
             .into())
@@ -121,10 +120,9 @@ impl AccountsMutation {
         handle: String,
         password: String,
     ) -> async_graphql::Result<AuthPayload> {
-        let client = request(ctx).client_ip;
         Ok(services(ctx)
             .accounts
-            .sign_in(client, &handle, &password)
+            .sign_in(actor(ctx), &handle, &password)
             .await
             .gql()?
             .into())

@@ -1,4 +1,3 @@
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +7,7 @@ use sea_orm::{
 };
 
 use super::{password, tokens::TokenSigner};
+use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::{AppError, AppResult};
@@ -90,15 +90,10 @@ impl AccountService {
     }
 
     #[tracing::instrument(skip_all)]
-    pub async fn sign_up(
-        &self,
-        client: IpAddr,
-        handle: &str,
-        password: &str,
-    ) -> AppResult<Session> {
+    pub async fn sign_up(&self, actor: &Actor, handle: &str, password: &str) -> AppResult<Session> {
         let handle = Handle::parse(handle)?;
         check_password(password)?;
-        self.throttle(client).await?;
+        self.throttle(actor).await?;
         let user = insert_user(&self.db, &handle, password, false).await?;
         tracing::info!(user.id = user.id, "user signed up");
         Ok(Session {
@@ -108,18 +103,13 @@ impl AccountService {
     }
 
     #[tracing::instrument(skip_all)]
-    pub async fn sign_in(
-        &self,
-        client: IpAddr,
-        handle: &str,
-        password: &str,
-    ) -> AppResult<Session> {
+    pub async fn sign_in(&self, actor: &Actor, handle: &str, password: &str) -> AppResult<Session> {
         let rejected = AppError::Unauthenticated("wrong handle or password");
         // Malformed credentials get the same answer as wrong ones: nothing to learn from the difference.
         let (Ok(handle), Ok(())) = (Handle::parse(handle), check_password(password)) else {
             return Err(rejected);
         };
-        self.throttle(client).await?;
+        self.throttle(actor).await?;
         let user = self.by_handle(&handle).await?;
         let hash = user.as_ref().map(|user| user.password_hash.clone());
         match user {
@@ -131,8 +121,9 @@ impl AccountService {
         }
     }
 
-    /// Counts an authentication attempt from `client` against the per-minute allowance.
-    async fn throttle(&self, client: IpAddr) -> AppResult<()> {
+    /// Counts an authentication attempt from the actor's address against the per-minute allowance.
+    /// By address even when signed in: the limit is on password guessing from one place.
+    async fn throttle(&self, actor: &Actor) -> AppResult<()> {
         if self.auth_attempts_per_minute == 0 {
             return Ok(());
         }
@@ -141,7 +132,7 @@ impl AccountService {
             .redis
             .scripts
             .rate_limit
-            .key(self.redis.keys.auth_attempts(client))
+            .key(self.redis.keys.auth_attempts(actor.client_ip))
             .arg(self.auth_attempts_per_minute)
             .arg(AUTH_WINDOW.as_millis() as u64)
             .invoke_async(&mut conn)

@@ -9,7 +9,7 @@ use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{IdCursor, Page, PageRequest, connection_complexity};
-use crate::graphql::{loaders, request, services};
+use crate::graphql::{actor, loaders, services};
 
 pub struct Article(pub articles::Model);
 
@@ -136,10 +136,9 @@ impl ArticlesMutation {
         ctx: &Context<'_>,
         input: PublishArticleInput,
     ) -> async_graphql::Result<Article> {
-        let author = request(ctx).require_viewer().gql()?;
         let article = services(ctx)
             .articles
-            .publish(author, &input.title, &input.body)
+            .publish(actor(ctx), &input.title, &input.body)
             .await
             .gql()?;
         Ok(Article(article))
@@ -152,7 +151,6 @@ impl ArticlesMutation {
         id: ID,
         input: EditArticleInput,
     ) -> async_graphql::Result<Article> {
-        let editor = request(ctx).require_viewer().gql()?;
         let id = ids::decode(&id, NodeType::Article, "id").gql()?;
         let changes = ArticleChanges {
             title: input.title,
@@ -161,7 +159,7 @@ impl ArticlesMutation {
         Ok(Article(
             services(ctx)
                 .articles
-                .edit(editor, id, changes)
+                .edit(actor(ctx), id, changes)
                 .await
                 .gql()?,
         ))

@@ -4,6 +4,7 @@ use sea_orm::{
     QueryOrder, QuerySelect, SqlErr,
 };
 
+use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
@@ -92,13 +93,15 @@ impl ArticleService {
         Self { db, redis, hub }
     }
 
-    #[tracing::instrument(skip_all, fields(author.id = author_id))]
+    /// Publishes as the signed-in actor.
+    #[tracing::instrument(skip_all)]
     pub async fn publish(
         &self,
-        author_id: i64,
+        actor: &Actor,
         title: &str,
         body: &str,
     ) -> AppResult<articles::Model> {
+        let author_id = actor.require_user()?;
         let article = insert_article(&self.db, author_id, title, body).await?;
         self.announce(&article).await;
         Ok(article)
@@ -144,10 +147,11 @@ impl ArticleService {
     #[tracing::instrument(skip_all, fields(article.id = id))]
     pub async fn edit(
         &self,
-        editor_id: i64,
+        actor: &Actor,
         id: i64,
         changes: ArticleChanges,
     ) -> AppResult<articles::Model> {
+        let editor_id = actor.require_user()?;
         let title = changes.title.as_deref().map(parse_title).transpose()?;
         let body = changes.body.as_deref().map(parse_body).transpose()?;
         if title.is_none() && body.is_none() {

@@ -1,6 +1,5 @@
 //! The GraphQL surface: schema assembly, per-request context, ids, pagination and limits.
 
-pub mod context;
 pub mod extensions;
 pub mod guard;
 pub mod ids;
@@ -11,7 +10,8 @@ pub mod schema;
 
 use async_graphql::Context;
 
-pub use context::RequestContext;
+use crate::actor::Actor;
+
 pub use schema::PulseSchema;
 
 use crate::services::Services;
@@ -27,6 +27,6 @@ pub fn loaders<'a>(ctx: &Context<'a>) -> &'a loaders::Loaders {
 }
 
 /// Who is asking, from where.
-pub fn request<'a>(ctx: &Context<'a>) -> &'a RequestContext {
-    ctx.data_unchecked::<RequestContext>()
+pub fn actor<'a>(ctx: &Context<'a>) -> &'a Actor {
+    ctx.data_unchecked::<Actor>()
 }

@@ -2,11 +2,11 @@ use std::sync::Arc;
 
 use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
 
-use super::RequestContext;
 use super::extensions::{DocumentCache, DocumentGuard, ErrorCodes, OperationMetrics};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
+use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
 use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
@@ -24,12 +24,8 @@ pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 
 /// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
 /// within it and cache nothing across requests.
-pub fn attach_request_data(
-    services: &Arc<Services>,
-    data: &mut async_graphql::Data,
-    context: RequestContext,
-) {
-    data.insert(context);
+pub fn attach_request_data(services: &Arc<Services>, data: &mut async_graphql::Data, actor: Actor) {
+    data.insert(actor);
     data.insert(Loaders::new(services.clone()));
 }
 

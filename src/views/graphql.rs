@@ -5,8 +5,7 @@ use crate::articles::graphql::{Article, load_article, load_articles};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
-use crate::graphql::{loaders, request, services};
-use crate::redis::keys::Viewer;
+use crate::graphql::{actor, loaders, services};
 
 /// Most entries a ranking returns.
 const MAX_RANKING_SIZE: i32 = 100;
@@ -160,14 +159,9 @@ impl ViewsMutation {
         article_id: ID,
     ) -> async_graphql::Result<RecordViewPayload> {
         let article_id = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
-        let caller = request(ctx);
-        let viewer = match caller.viewer {
-            Some(user) => Viewer::User(user),
-            None => Viewer::Address(caller.client_ip),
-        };
         let outcome = services(ctx)
             .views
-            .record(article_id, viewer, caller.user_agent.as_deref())
+            .record(article_id, actor(ctx))
             .await
             .gql()?;
         Ok(RecordViewPayload {

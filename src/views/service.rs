@@ -8,10 +8,11 @@ use sea_orm::{DatabaseConnection, EntityTrait, QuerySelect};
 use super::buckets;
 use super::crawler::CrawlerDetector;
 use super::rebuild::{self, Caches};
+use crate::actor::{Actor, Identity};
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
 use crate::redis::Redis;
-use crate::redis::keys::{VIEW_SHARDS, Viewer};
+use crate::redis::keys::VIEW_SHARDS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
@@ -75,16 +76,13 @@ impl ViewService {
         }
     }
 
-    /// Counts a view unless `viewer` was counted for this article within the window or the user
-    /// agent is a crawler. One script call; SQL only the first time Redis meets the article.
+    /// Counts a view unless the actor (the signed-in user, else the client's address) was counted
+    /// for this article within the window or its User-Agent is a crawler. One script call; SQL only
+    /// the first time Redis meets the article.
     #[tracing::instrument(skip_all, fields(article.id = article))]
-    pub async fn record(
-        &self,
-        article: i64,
-        viewer: Viewer,
-        user_agent: Option<&str>,
-    ) -> AppResult<ViewOutcome> {
-        let is_crawler = self.crawlers.is_crawler(user_agent);
+    pub async fn record(&self, article: i64, actor: &Actor) -> AppResult<ViewOutcome> {
+        let viewer = actor.identity();
+        let is_crawler = self.crawlers.is_crawler(actor.user_agent.as_deref());
         let (mut counted, mut total) = self.run_record(article, viewer, !is_crawler, None).await?;
         if counted < 0 {
             let sql_count = self
@@ -110,7 +108,7 @@ impl ViewService {
     async fn run_record(
         &self,
         article: i64,
-        viewer: Viewer,
+        viewer: Identity,
         count: bool,
         sql_count: Option<i64>,
     ) -> AppResult<(i64, i64)> {
