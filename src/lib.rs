@@ -11,6 +11,7 @@ pub mod entities;
 pub mod error;
 pub mod graphql;
 pub mod http;
+pub mod pagination;
 pub mod realtime;
 pub mod redis;
 pub mod services;

@@ -1,12 +1,14 @@
 use async_graphql::{Context, ID, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 
-use crate::articles::graphql::ArticleConnection;
+use crate::articles::graphql::{Article, ArticleConnection};
+use crate::articles::service::USER_ARTICLES;
 use crate::entities::users;
 use crate::error::GqlResultExt;
 use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{PageRequest, connection_complexity};
+use crate::graphql::pagination::{connection, connection_complexity};
 use crate::graphql::{actor, loaders, services};
+use crate::pagination::PageRequest;
 
 pub struct User(pub users::Model);
 
@@ -37,13 +39,13 @@ impl User {
         #[graphql(default = 20)] first: Option<i32>,
         after: Option<String>,
     ) -> async_graphql::Result<ArticleConnection> {
-        let page = PageRequest::parse(first, after.as_deref()).gql()?;
+        let page = PageRequest::parse(USER_ARTICLES, first, after.as_deref()).gql()?;
         let articles = services(ctx)
             .articles
             .list(page, Some(self.0.id))
             .await
             .gql()?;
-        Ok(crate::articles::graphql::connection(articles))
+        Ok(connection(articles, Article))
     }
 }
 

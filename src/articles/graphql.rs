@@ -1,29 +1,19 @@
-use async_graphql::connection::{Connection, Edge, EmptyFields};
 use async_graphql::{Context, ID, InputObject, Object, Subscription};
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 
-use super::service::ArticleChanges;
+use super::service::{ArticleChanges, NEWEST};
 use crate::accounts::graphql::{User, load_user};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{IdCursor, Page, PageRequest, connection_complexity};
+use crate::graphql::pagination::{Connected, connection, connection_complexity};
 use crate::graphql::{actor, loaders, services};
+use crate::pagination::PageRequest;
 
 pub struct Article(pub articles::Model);
 
-pub type ArticleConnection = Connection<IdCursor, Article, EmptyFields, EmptyFields>;
-
-pub fn connection(page: Page<articles::Model>) -> ArticleConnection {
-    let mut connection = Connection::new(false, page.has_next_page);
-    connection.edges.extend(
-        page.items
-            .into_iter()
-            .map(|article| Edge::new(IdCursor(article.id), Article(article))),
-    );
-    connection
-}
+pub type ArticleConnection = Connected<Article>;
 
 #[Object]
 impl Article {
@@ -114,14 +104,13 @@ impl ArticlesQuery {
         after: Option<String>,
         author_id: Option<ID>,
     ) -> async_graphql::Result<ArticleConnection> {
-        let page = PageRequest::parse(first, after.as_deref()).gql()?;
+        let page = PageRequest::parse(NEWEST, first, after.as_deref()).gql()?;
         let author_id = author_id
             .map(|id| ids::decode(&id, NodeType::User, "authorId"))
             .transpose()
             .gql()?;
-        Ok(connection(
-            services(ctx).articles.list(page, author_id).await.gql()?,
-        ))
+        let articles = services(ctx).articles.list(page, author_id).await.gql()?;
+        Ok(connection(articles, Article))
     }
 }
 

@@ -8,10 +8,15 @@ use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
-use crate::graphql::pagination::{Page, PageRequest};
+use crate::pagination::{Page, PageRequest, Position, Walk};
 use crate::realtime::{Hub, HubSubscription};
 use crate::redis::Redis;
 use crate::text::{Controls, TextRule, Trim};
+
+/// All articles (or one author's, through the `articles` query), newest first.
+pub const NEWEST: Walk = Walk("articles:new");
+/// One user's articles, newest first (the `User.articles` field).
+pub const USER_ARTICLES: Walk = Walk("user-articles");
 
 pub const MAX_TITLE_CHARS: usize = 200;
 pub const MAX_BODY_CHARS: usize = 50_000;
@@ -198,14 +203,16 @@ impl ArticleService {
     ) -> AppResult<Page<articles::Model>> {
         let mut query = articles::Entity::find().order_by_desc(articles::Column::Id);
         if let Some(after) = page.after {
-            query = query.filter(articles::Column::Id.lt(after));
+            query = query.filter(articles::Column::Id.lt(after.id));
         }
         if let Some(author_id) = author_id {
             query = query.filter(articles::Column::AuthorId.eq(author_id));
         }
         let query = query.limit(page.fetch_limit());
         let rows = retry_once(|| query.clone().all(&self.db)).await?;
-        Ok(Page::from_overfetch(rows, page))
+        Ok(Page::from_overfetch(rows, &page, |row| {
+            Position::id(row.id)
+        }))
     }
 }
 
