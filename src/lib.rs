@@ -1,4 +1,5 @@
-//! Pulse: a GraphQL engagement API. See README.md for the architecture and DESIGN.md for principles.
+//! Pulse: a GraphQL engagement API. ARCHITECTURE.md holds the module map, the data flow and the
+//! layering; the design principles (DESIGN.md) live in the project's shared docs, not in this repo.
 
 pub mod accounts;
 pub mod actor;

@@ -3,14 +3,13 @@ use std::time::Duration;
 
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    SqlErr,
 };
 
 use super::{password, tokens::TokenSigner};
 use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::users;
-use crate::error::{AppError, AppResult};
+use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
 use crate::redis::Redis;
 use crate::text::{Controls, TextRule, Trim};
 
@@ -199,21 +198,17 @@ pub async fn insert_user(
     is_admin: bool,
 ) -> AppResult<users::Model> {
     let password_hash = password::hash(password.to_owned()).await?;
-    users::ActiveModel {
+    let user = users::ActiveModel {
         handle: Set(handle.as_str().to_owned()),
         password_hash: Set(password_hash),
         is_admin: Set(is_admin),
         created_at: Set(crate::db::now()),
         ..Default::default()
+    };
+    match user.insert(db).await.or_duplicate()? {
+        Unique::Inserted(user) => Ok(user),
+        Unique::Duplicate => Err(AppError::bad_input("handle", "that handle is taken")),
     }
-    .insert(db)
-    .await
-    .map_err(|err| match err.sql_err() {
-        Some(SqlErr::UniqueConstraintViolation(_)) => {
-            AppError::bad_input("handle", "that handle is taken")
-        }
-        _ => err.into(),
-    })
 }
 
 pub async fn find_by_handle(

@@ -48,10 +48,6 @@ impl Article {
     async fn view_count(&self, ctx: &Context<'_>) -> async_graphql::Result<i64> {
         crate::views::graphql::view_count(ctx, &self.0).await
     }
-
-    async fn like_count(&self) -> i64 {
-        self.0.like_count
-    }
 }
 
 /// Loads many articles in one batch.

@@ -1,8 +1,8 @@
 //! The only place Redis keys are built.
 //!
 //! Every key starts with the configured prefix, so deployments and tests share one Redis safely.
-//! Keys that one script touches together share a hash tag (`{a:9}`, `{u:7}`, `{p:42}`), which keeps
-//! every script single-slot on Redis Cluster.
+//! Keys that one script touches together share a hash tag (`{v:3}` for view shard 3, `{ip:…}` for
+//! one client's attempt counter), which keeps every script single-slot on Redis Cluster.
 
 use std::net::IpAddr;
 

@@ -7,7 +7,6 @@ use sea_orm::{DatabaseConnection, EntityTrait, QuerySelect};
 
 use super::buckets;
 use super::crawler::CrawlerDetector;
-use super::rebuild::{self, Caches};
 use crate::actor::{Actor, Identity};
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
@@ -194,12 +193,5 @@ impl ViewService {
         merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         merged.truncate(first);
         Ok(merged)
-    }
-
-    /// Rewrites the cached base counts and the all-time ranking of every shard from SQL (plus
-    /// pending views); see `views/rebuild.rs`.
-    pub async fn rebuild(&self) -> AppResult<u64> {
-        let shards: Vec<u32> = (0..VIEW_SHARDS).collect();
-        rebuild::rebuild(&self.db, &self.redis, &shards, Caches::BaseAndRanking).await
     }
 }

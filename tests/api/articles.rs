@@ -29,7 +29,10 @@ async fn a_published_article_reads_back_everywhere() {
     let id = app.publish(&token, "  Hello, world ").await;
 
     let by_id = app
-        .graphql("query($id: ID!) { article(id: $id) { id title author { id handle } viewCount likeCount } }", json!({ "id": id }))
+        .graphql(
+            "query($id: ID!) { article(id: $id) { id title author { id handle } viewCount } }",
+            json!({ "id": id }),
+        )
         .await;
     let article = &by_id["data"]["article"];
     assert_eq!(article["title"], "Hello, world");
