@@ -1,6 +1,7 @@
 use async_graphql::{Context, ID, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 
+use super::loader::UserLoader;
 use crate::articles::graphql::{Article, ArticleConnection};
 use crate::articles::service::USER_ARTICLES;
 use crate::entities::users;
@@ -51,7 +52,11 @@ impl User {
 
 /// Loads a user through the request's batching loader.
 pub async fn load_user(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<User>> {
-    Ok(loaders(ctx).users().load_one(id).await?.map(User))
+    Ok(loaders(ctx)
+        .get::<UserLoader>()
+        .load_one(id)
+        .await?
+        .map(User))
 }
 
 #[derive(SimpleObject)]

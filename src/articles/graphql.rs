@@ -2,6 +2,7 @@ use async_graphql::{Context, ID, InputObject, Object, Subscription};
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 
+use super::loader::ArticleLoader;
 use super::service::{ArticleChanges, NEWEST};
 use crate::accounts::graphql::{User, load_user};
 use crate::entities::articles;
@@ -55,7 +56,7 @@ pub async fn load_articles(
     ctx: &Context<'_>,
     ids: impl IntoIterator<Item = i64>,
 ) -> async_graphql::Result<std::collections::HashMap<i64, Article>> {
-    let loaded = loaders(ctx).articles().load_many(ids).await?;
+    let loaded = loaders(ctx).get::<ArticleLoader>().load_many(ids).await?;
     Ok(loaded
         .into_iter()
         .map(|(id, article)| (id, Article(article)))
@@ -64,7 +65,11 @@ pub async fn load_articles(
 
 /// Loads an article through the request's batching loader.
 pub async fn load_article(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<Article>> {
-    Ok(loaders(ctx).articles().load_one(id).await?.map(Article))
+    Ok(loaders(ctx)
+        .get::<ArticleLoader>()
+        .load_one(id)
+        .await?
+        .map(Article))
 }
 
 #[derive(InputObject)]

@@ -1,5 +1,6 @@
 use async_graphql::{Context, Enum, ID, Object, SimpleObject};
 
+use super::loader::ViewCountLoader;
 use super::service::{RankingWindow, SkipReason};
 use crate::articles::graphql::{Article, load_article, load_articles};
 use crate::entities::articles;
@@ -99,7 +100,7 @@ pub async fn view_count(
     ctx: &Context<'_>,
     article: &articles::Model,
 ) -> async_graphql::Result<i64> {
-    let loader = loaders(ctx).view_counts();
+    let loader = loaders(ctx).get::<ViewCountLoader>();
     let live = loader.load_one(article.id).await?.unwrap_or_default();
     Ok(live.total(article.view_count))
 }
