@@ -35,3 +35,35 @@ impl Actor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actor(user: Option<i64>) -> Actor {
+        Actor {
+            user,
+            client_ip: "192.0.2.7".parse().unwrap(),
+            user_agent: None,
+        }
+    }
+
+    #[test]
+    fn a_signed_in_actor_is_counted_as_the_user_wherever_it_connects_from() {
+        assert_eq!(actor(Some(9)).identity(), Identity::User(9));
+        assert_eq!(actor(Some(9)).require_user().unwrap(), 9);
+    }
+
+    #[test]
+    fn an_anonymous_actor_is_counted_by_address_and_cannot_act_as_a_user() {
+        let anonymous = actor(None);
+        assert_eq!(
+            anonymous.identity(),
+            Identity::Address("192.0.2.7".parse().unwrap())
+        );
+        assert_eq!(
+            anonymous.require_user().unwrap_err().code(),
+            "UNAUTHENTICATED"
+        );
+    }
+}
