@@ -73,10 +73,11 @@ impl Services {
             .accounts
             .grant_configured_admins(&config.admins)
             .await;
-        let flusher = ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease);
-        workers
-            .tasks
-            .spawn(flusher.run(config.view_flush_interval, workers.shutdown.clone()));
+        let shutdown = workers.shutdown.clone();
+        workers.tasks.spawn(
+            ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease)
+                .run(config.view_flush_interval, shutdown),
+        );
         Ok(services)
     }
 }
