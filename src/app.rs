@@ -4,6 +4,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
@@ -12,20 +13,19 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::accounts::{AccountService, TokenSigner};
-use crate::articles::ArticleService;
+use crate::accounts::TokenSigner;
 use crate::config::{Config, Secret};
+use crate::graphql::PulseSchema;
 use crate::graphql::schema::{self, QueryLimits};
-use crate::graphql::{PulseSchema, Services};
+use crate::http::TrustedProxies;
 use crate::http::server::Connections;
-use crate::http::{HttpState, TrustedProxies};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::redis::embedded::{self, RedisLocation};
-use crate::views::crawler::CrawlerDetector;
-use crate::views::{ViewFlusher, ViewService};
+use crate::services::{Inputs, Services, Workers};
 
-/// What tests and commands may reach into once the app is built.
+/// The one application state: what the HTTP handlers and the GraphQL schema share, and what tests
+/// and commands may reach into once the app is built.
 #[derive(Clone)]
 pub struct AppState {
     pub db: DatabaseConnection,
@@ -35,6 +35,15 @@ pub struct AppState {
     pub tokens: Arc<TokenSigner>,
     pub hub: Hub,
     pub connections: Connections,
+    pub proxies: TrustedProxies,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    pub max_body_bytes: usize,
+    /// How long a request body may take to arrive once the headers are in.
+    pub body_timeout: Duration,
+    /// How long a websocket may take to send `connection_init`.
+    pub ws_init_timeout: Duration,
+    /// Cancelled when the server stops, so that websockets close with "going away".
+    pub shutdown: CancellationToken,
 }
 
 pub struct App {
@@ -44,8 +53,8 @@ pub struct App {
     redis_location: RedisLocation,
     shutdown: CancellationToken,
     tasks: TaskTracker,
-    shutdown_grace: std::time::Duration,
-    header_timeout: std::time::Duration,
+    shutdown_grace: Duration,
+    header_timeout: Duration,
 }
 
 /// SQL and Redis, connected and ready, shared by the server and the one-shot commands.
@@ -85,79 +94,47 @@ impl Backends {
 
 impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let secret = token_secret(&config)?;
-        let tokens = Arc::new(TokenSigner::new(&secret, config.token_ttl)?);
+        let tokens = Arc::new(TokenSigner::new(&token_secret(&config)?, config.token_ttl)?);
         let Backends {
             db,
             redis,
             redis_location,
         } = Backends::connect(&config).await?;
-
-        let shutdown = CancellationToken::new();
-        let tasks = TaskTracker::new();
+        let (shutdown, tasks) = (CancellationToken::new(), TaskTracker::new());
         let hub = Hub::start(redis.client.clone(), shutdown.clone(), &tasks);
-        let services = Services {
-            accounts: AccountService::new(
-                db.clone(),
-                redis.clone(),
-                tokens.clone(),
-                config.auth_attempts_per_minute,
-            ),
-            articles: ArticleService::new(db.clone(), redis.clone(), hub.clone()),
-            views: ViewService::new(
-                db.clone(),
-                redis.clone(),
-                Arc::new(crawler_detector(&config)?),
-                config.view_window,
-                config.timezone,
-            ),
+        let inputs = Inputs {
+            db: &db,
+            redis: &redis,
+            hub: &hub,
+            tokens: &tokens,
+            config: &config,
         };
-        let flusher = ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease);
-        tasks.spawn(flusher.run(config.view_flush_interval, shutdown.clone()));
-        for handle in config
-            .admins
-            .iter()
-            .filter(|handle| !handle.trim().is_empty())
-        {
-            match services.accounts.set_admin(handle, true).await {
-                Ok(_) => tracing::info!(handle, "admin role granted from PULSE_ADMINS"),
-                Err(err) => {
-                    tracing::warn!(handle, error = %err, "cannot grant admin role from PULSE_ADMINS")
-                }
-            }
-        }
+        let workers = Workers {
+            tasks: &tasks,
+            shutdown: &shutdown,
+        };
+        let services = Arc::new(Services::start(inputs, workers).await?);
         let limits = QueryLimits {
             max_depth: config.max_query_depth,
             max_complexity: config.max_query_complexity,
             introspection: config.introspection,
         };
-        let services = Arc::new(services);
-        let schema = schema::build(limits, services.clone());
         let state = AppState {
             db,
             redis,
+            schema: schema::build(limits, services.clone()),
             services,
-            schema,
             tokens,
             hub,
             connections: Connections::new(config.max_connections),
+            proxies: TrustedProxies::new(config.trusted_proxies.clone()),
+            metrics: crate::telemetry::metrics_handle(),
+            max_body_bytes: config.max_body_bytes,
+            body_timeout: config.http_body_timeout,
+            ws_init_timeout: config.ws_init_timeout,
+            shutdown: shutdown.clone(),
         };
-        let router = crate::http::router(
-            HttpState {
-                schema: state.schema.clone(),
-                services: state.services.clone(),
-                tokens: state.tokens.clone(),
-                proxies: TrustedProxies::new(config.trusted_proxies.clone()),
-                db: state.db.clone(),
-                redis: state.redis.clone(),
-                metrics: crate::telemetry::metrics_handle(),
-                max_body_bytes: config.max_body_bytes,
-                body_timeout: config.http_body_timeout,
-                ws_init_timeout: config.ws_init_timeout,
-                shutdown: shutdown.clone(),
-            },
-            crate::http::cors(&config.cors_origins)?,
-        );
+        let router = crate::http::router(state.clone(), crate::http::cors(&config.cors_origins)?);
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -227,21 +204,6 @@ impl App {
         tracing::info!("pulse stopped");
         Ok(())
     }
-}
-
-/// The shipped crawler list plus the patterns of `PULSE_CRAWLER_PATTERNS_FILE`, if set.
-fn crawler_detector(config: &Config) -> anyhow::Result<CrawlerDetector> {
-    let extra = match &config.crawler_patterns_file {
-        None => Vec::new(),
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the crawler patterns file {}", path.display()))?
-            .lines()
-            .map(str::trim)
-            .filter(|line| !line.is_empty() && !line.starts_with('#'))
-            .map(str::to_owned)
-            .collect(),
-    };
-    CrawlerDetector::new(&extra)
 }
 
 async fn shutdown_signal() {

@@ -22,7 +22,7 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         Command::Admin { action } => admin(&backends, action).await,
         Command::Rebuild {
             target: RebuildTarget::Views,
-        } => rebuild_views(&config, &backends).await,
+        } => rebuild_views(&backends).await,
         Command::Serve | Command::PrintSchema => unreachable!("handled by main"),
     };
     backends.close().await;
@@ -63,15 +63,8 @@ async fn seed_demo(backends: &Backends) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn rebuild_views(config: &Config, backends: &Backends) -> anyhow::Result<()> {
-    let views = crate::views::ViewService::new(
-        backends.db.clone(),
-        backends.redis.clone(),
-        std::sync::Arc::new(crate::views::crawler::CrawlerDetector::new(&[])?),
-        config.view_window,
-        config.timezone,
-    );
-    let articles = views.rebuild().await?;
+async fn rebuild_views(backends: &Backends) -> anyhow::Result<()> {
+    let articles = crate::views::rebuild::rebuild_all(&backends.db, &backends.redis).await?;
     println!("rebuilt view counts and the all-time view ranking of {articles} articles");
     Ok(())
 }

@@ -95,6 +95,33 @@ impl ErrorExtensions for AppError {
     }
 }
 
+/// What an insert guarded by a unique constraint did: stored its row, or found the key taken.
+#[derive(Debug)]
+pub enum Unique<T> {
+    Inserted(T),
+    /// A row with the same unique key exists: a taken name for a user's input, or work already done
+    /// for an idempotent write.
+    Duplicate,
+}
+
+/// Turns a unique-constraint violation into [`Unique::Duplicate`], on every SQL backend, so callers
+/// match a type instead of the driver's error. Any other error stays an error.
+pub trait UniqueViolationExt<T> {
+    fn or_duplicate(self) -> Result<Unique<T>, sea_orm::DbErr>;
+}
+
+impl<T> UniqueViolationExt<T> for Result<T, sea_orm::DbErr> {
+    fn or_duplicate(self) -> Result<Unique<T>, sea_orm::DbErr> {
+        match self {
+            Ok(row) => Ok(Unique::Inserted(row)),
+            Err(err) => match err.sql_err() {
+                Some(sea_orm::SqlErr::UniqueConstraintViolation(_)) => Ok(Unique::Duplicate),
+                _ => Err(err),
+            },
+        }
+    }
+}
+
 /// Longest error message sent to a client. Messages that echo client text (an operation or fragment
 /// name, a value) are cut here, so a request cannot have its own bulk sent back.
 pub const MAX_MESSAGE_BYTES: usize = 512;

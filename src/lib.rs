@@ -1,6 +1,8 @@
-//! Pulse: a GraphQL engagement API. See README.md for the architecture and DESIGN.md for principles.
+//! Pulse: a GraphQL engagement API. ARCHITECTURE.md holds the module map, the data flow and the
+//! layering; the design principles (DESIGN.md) live in the project's shared docs, not in this repo.
 
 pub mod accounts;
+pub mod actor;
 pub mod app;
 pub mod articles;
 pub mod commands;
@@ -10,8 +12,10 @@ pub mod entities;
 pub mod error;
 pub mod graphql;
 pub mod http;
+pub mod pagination;
 pub mod realtime;
 pub mod redis;
+pub mod services;
 pub mod telemetry;
 pub mod text;
 pub mod views;

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use pulse::redis::keys::Viewer;
+use pulse::actor::Identity;
 use pulse::redis::{Keys, Scripts};
 use pulse::views::buckets;
 
@@ -58,7 +58,7 @@ async fn run(
     // The real seen key with the viewer's address swapped for redis-benchmark's placeholder
     // (a 12-digit number: as long as a typical 10.x.y.z address).
     let sample = Ipv4Addr::new(10, 0, 0, 1);
-    let seen = shard.seen(ARTICLE, Viewer::Address(IpAddr::V4(sample)));
+    let seen = shard.seen(ARTICLE, Identity::Address(IpAddr::V4(sample)));
     let seen = seen
         .strip_suffix(&sample.to_string())
         .with_context(|| format!("the seen key {seen} does not end with the viewer address"))?

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use pulse::actor::Identity;
 use pulse::redis::Keys;
-use pulse::redis::keys::Viewer;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
 
@@ -154,7 +154,7 @@ async fn measure(
     let mut queued = 0;
     for index in 0..entries {
         let article = i64::from(index % ARTICLES + 1);
-        let viewer = Viewer::Address(IpAddr::V4(viewer_ip(index)));
+        let viewer = Identity::Address(IpAddr::V4(viewer_ip(index)));
         let key = keys.view_shard(article).seen(article, viewer);
         len_min = len_min.min(key.len());
         len_max = len_max.max(key.len());

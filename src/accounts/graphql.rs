@@ -1,12 +1,15 @@
 use async_graphql::{Context, ID, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 
-use crate::articles::graphql::ArticleConnection;
+use super::loader::UserLoader;
+use crate::articles::graphql::{Article, ArticleConnection};
+use crate::articles::service::USER_ARTICLES;
 use crate::entities::users;
 use crate::error::GqlResultExt;
 use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{PageRequest, connection_complexity};
-use crate::graphql::{loaders, request, services};
+use crate::graphql::pagination::{connection, connection_complexity};
+use crate::graphql::{actor, loaders, services};
+use crate::pagination::PageRequest;
 
 pub struct User(pub users::Model);
 
@@ -26,7 +29,7 @@ impl User {
 
     /// Whether this user holds the admin role. Only the user themself can see it; null for others.
     async fn is_admin(&self, ctx: &Context<'_>) -> Option<bool> {
-        (request(ctx).viewer == Some(self.0.id)).then_some(self.0.is_admin)
+        (actor(ctx).user == Some(self.0.id)).then_some(self.0.is_admin)
     }
 
     /// This user's articles, newest first.
@@ -37,19 +40,23 @@ impl User {
         #[graphql(default = 20)] first: Option<i32>,
         after: Option<String>,
     ) -> async_graphql::Result<ArticleConnection> {
-        let page = PageRequest::parse(first, after.as_deref()).gql()?;
+        let page = PageRequest::parse(USER_ARTICLES, first, after.as_deref()).gql()?;
         let articles = services(ctx)
             .articles
             .list(page, Some(self.0.id))
             .await
             .gql()?;
-        Ok(crate::articles::graphql::connection(articles))
+        Ok(connection(articles, Article))
     }
 }
 
 /// Loads a user through the request's batching loader.
 pub async fn load_user(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<User>> {
-    Ok(loaders(ctx).users().load_one(id).await?.map(User))
+    Ok(loaders(ctx)
+        .get::<UserLoader>()
+        .load_one(id)
+        .await?
+        .map(User))
 }
 
 #[derive(SimpleObject)]
@@ -75,7 +82,7 @@ pub struct AccountsQuery;
 impl AccountsQuery {
     /// The signed-in user; null when anonymous.
     async fn viewer(&self, ctx: &Context<'_>) -> async_graphql::Result<Option<User>> {
-        match request(ctx).viewer {
+        match actor(ctx).user {
             Some(id) => load_user(ctx, id).await,
             None => Ok(None),
         }
@@ -106,10 +113,9 @@ impl AccountsMutation {
         handle: String,
         password: String,
     ) -> async_graphql::Result<AuthPayload> {
-        let client = request(ctx).client_ip;
         Ok(services(ctx)
             .accounts
-            .sign_up(client, &handle, &password)
+            .sign_up(actor(ctx), &handle, &password)
             .await
             .gql()?
             .into())
@@ -121,10 +127,9 @@ impl AccountsMutation {
         handle: String,
         password: String,
     ) -> async_graphql::Result<AuthPayload> {
-        let client = request(ctx).client_ip;
         Ok(services(ctx)
             .accounts
-            .sign_in(client, &handle, &password)
+            .sign_in(actor(ctx), &handle, &password)
             .await
             .gql()?
             .into())

@@ -5,9 +5,17 @@ use async_graphql::dataloader::Loader;
 
 use super::AccountService;
 use crate::entities::users;
+use crate::graphql::loaders::FromServices;
+use crate::services::Services;
 
 /// Users by id, batched: a page of articles costs one query for all their authors.
 pub struct UserLoader(pub AccountService);
+
+impl FromServices for UserLoader {
+    fn from_services(services: &Services) -> Self {
+        Self(services.accounts.clone())
+    }
+}
 
 impl Loader<i64> for UserLoader {
     type Value = users::Model;

@@ -1,16 +1,15 @@
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    SqlErr,
 };
 
 use super::{password, tokens::TokenSigner};
+use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::users;
-use crate::error::{AppError, AppResult};
+use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
 use crate::redis::Redis;
 use crate::text::{Controls, TextRule, Trim};
 
@@ -89,20 +88,11 @@ impl AccountService {
         }
     }
 
-    pub fn tokens(&self) -> &TokenSigner {
-        &self.tokens
-    }
-
     #[tracing::instrument(skip_all)]
-    pub async fn sign_up(
-        &self,
-        client: IpAddr,
-        handle: &str,
-        password: &str,
-    ) -> AppResult<Session> {
+    pub async fn sign_up(&self, actor: &Actor, handle: &str, password: &str) -> AppResult<Session> {
         let handle = Handle::parse(handle)?;
         check_password(password)?;
-        self.throttle(client).await?;
+        self.throttle(actor).await?;
         let user = insert_user(&self.db, &handle, password, false).await?;
         tracing::info!(user.id = user.id, "user signed up");
         Ok(Session {
@@ -112,18 +102,13 @@ impl AccountService {
     }
 
     #[tracing::instrument(skip_all)]
-    pub async fn sign_in(
-        &self,
-        client: IpAddr,
-        handle: &str,
-        password: &str,
-    ) -> AppResult<Session> {
+    pub async fn sign_in(&self, actor: &Actor, handle: &str, password: &str) -> AppResult<Session> {
         let rejected = AppError::Unauthenticated("wrong handle or password");
         // Malformed credentials get the same answer as wrong ones: nothing to learn from the difference.
         let (Ok(handle), Ok(())) = (Handle::parse(handle), check_password(password)) else {
             return Err(rejected);
         };
-        self.throttle(client).await?;
+        self.throttle(actor).await?;
         let user = self.by_handle(&handle).await?;
         let hash = user.as_ref().map(|user| user.password_hash.clone());
         match user {
@@ -135,8 +120,9 @@ impl AccountService {
         }
     }
 
-    /// Counts an authentication attempt from `client` against the per-minute allowance.
-    async fn throttle(&self, client: IpAddr) -> AppResult<()> {
+    /// Counts an authentication attempt from the actor's address against the per-minute allowance.
+    /// By address even when signed in: the limit is on password guessing from one place.
+    async fn throttle(&self, actor: &Actor) -> AppResult<()> {
         if self.auth_attempts_per_minute == 0 {
             return Ok(());
         }
@@ -145,7 +131,7 @@ impl AccountService {
             .redis
             .scripts
             .rate_limit
-            .key(self.redis.keys.auth_attempts(client))
+            .key(self.redis.keys.auth_attempts(actor.client_ip))
             .arg(self.auth_attempts_per_minute)
             .arg(AUTH_WINDOW.as_millis() as u64)
             .invoke_async(&mut conn)
@@ -187,6 +173,20 @@ impl AccountService {
     pub async fn set_admin(&self, handle: &str, is_admin: bool) -> AppResult<users::Model> {
         set_admin(&self.db, handle, is_admin).await
     }
+
+    /// Grants the admin role to the handles of `PULSE_ADMINS`. A handle that cannot be granted (no
+    /// such user yet, SQL down) is logged and skipped: the server still starts, and the grant can be
+    /// made later with `pulse admin grant`.
+    pub async fn grant_configured_admins(&self, handles: &[String]) {
+        for handle in handles.iter().filter(|handle| !handle.trim().is_empty()) {
+            match self.set_admin(handle, true).await {
+                Ok(_) => tracing::info!(handle, "admin role granted from PULSE_ADMINS"),
+                Err(err) => {
+                    tracing::warn!(handle, error = %err, "cannot grant admin role from PULSE_ADMINS")
+                }
+            }
+        }
+    }
 }
 
 /// Creates a user with `password` hashed; a taken handle is `BAD_USER_INPUT`. Shared by sign-up and
@@ -198,21 +198,17 @@ pub async fn insert_user(
     is_admin: bool,
 ) -> AppResult<users::Model> {
     let password_hash = password::hash(password.to_owned()).await?;
-    users::ActiveModel {
+    let user = users::ActiveModel {
         handle: Set(handle.as_str().to_owned()),
         password_hash: Set(password_hash),
         is_admin: Set(is_admin),
         created_at: Set(crate::db::now()),
         ..Default::default()
+    };
+    match user.insert(db).await.or_duplicate()? {
+        Unique::Inserted(user) => Ok(user),
+        Unique::Duplicate => Err(AppError::bad_input("handle", "that handle is taken")),
     }
-    .insert(db)
-    .await
-    .map_err(|err| match err.sql_err() {
-        Some(SqlErr::UniqueConstraintViolation(_)) => {
-            AppError::bad_input("handle", "that handle is taken")
-        }
-        _ => err.into(),
-    })
 }
 
 pub async fn find_by_handle(

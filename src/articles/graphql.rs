@@ -1,29 +1,20 @@
-use async_graphql::connection::{Connection, Edge, EmptyFields};
 use async_graphql::{Context, ID, InputObject, Object, Subscription};
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 
-use super::service::ArticleChanges;
+use super::loader::ArticleLoader;
+use super::service::{ArticleChanges, NEWEST};
 use crate::accounts::graphql::{User, load_user};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{IdCursor, Page, PageRequest, connection_complexity};
-use crate::graphql::{loaders, request, services};
+use crate::graphql::pagination::{Connected, connection, connection_complexity};
+use crate::graphql::{actor, loaders, services};
+use crate::pagination::PageRequest;
 
 pub struct Article(pub articles::Model);
 
-pub type ArticleConnection = Connection<IdCursor, Article, EmptyFields, EmptyFields>;
-
-pub fn connection(page: Page<articles::Model>) -> ArticleConnection {
-    let mut connection = Connection::new(false, page.has_next_page);
-    connection.edges.extend(
-        page.items
-            .into_iter()
-            .map(|article| Edge::new(IdCursor(article.id), Article(article))),
-    );
-    connection
-}
+pub type ArticleConnection = Connected<Article>;
 
 #[Object]
 impl Article {
@@ -58,10 +49,6 @@ impl Article {
     async fn view_count(&self, ctx: &Context<'_>) -> async_graphql::Result<i64> {
         crate::views::graphql::view_count(ctx, &self.0).await
     }
-
-    async fn like_count(&self) -> i64 {
-        self.0.like_count
-    }
 }
 
 /// Loads many articles in one batch.
@@ -69,7 +56,7 @@ pub async fn load_articles(
     ctx: &Context<'_>,
     ids: impl IntoIterator<Item = i64>,
 ) -> async_graphql::Result<std::collections::HashMap<i64, Article>> {
-    let loaded = loaders(ctx).articles().load_many(ids).await?;
+    let loaded = loaders(ctx).get::<ArticleLoader>().load_many(ids).await?;
     Ok(loaded
         .into_iter()
         .map(|(id, article)| (id, Article(article)))
@@ -78,7 +65,11 @@ pub async fn load_articles(
 
 /// Loads an article through the request's batching loader.
 pub async fn load_article(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Option<Article>> {
-    Ok(loaders(ctx).articles().load_one(id).await?.map(Article))
+    Ok(loaders(ctx)
+        .get::<ArticleLoader>()
+        .load_one(id)
+        .await?
+        .map(Article))
 }
 
 #[derive(InputObject)]
@@ -114,14 +105,13 @@ impl ArticlesQuery {
         after: Option<String>,
         author_id: Option<ID>,
     ) -> async_graphql::Result<ArticleConnection> {
-        let page = PageRequest::parse(first, after.as_deref()).gql()?;
+        let page = PageRequest::parse(NEWEST, first, after.as_deref()).gql()?;
         let author_id = author_id
             .map(|id| ids::decode(&id, NodeType::User, "authorId"))
             .transpose()
             .gql()?;
-        Ok(connection(
-            services(ctx).articles.list(page, author_id).await.gql()?,
-        ))
+        let articles = services(ctx).articles.list(page, author_id).await.gql()?;
+        Ok(connection(articles, Article))
     }
 }
 
@@ -136,10 +126,9 @@ impl ArticlesMutation {
         ctx: &Context<'_>,
         input: PublishArticleInput,
     ) -> async_graphql::Result<Article> {
-        let author = request(ctx).require_viewer().gql()?;
         let article = services(ctx)
             .articles
-            .publish(author, &input.title, &input.body)
+            .publish(actor(ctx), &input.title, &input.body)
             .await
             .gql()?;
         Ok(Article(article))
@@ -152,7 +141,6 @@ impl ArticlesMutation {
         id: ID,
         input: EditArticleInput,
     ) -> async_graphql::Result<Article> {
-        let editor = request(ctx).require_viewer().gql()?;
         let id = ids::decode(&id, NodeType::Article, "id").gql()?;
         let changes = ArticleChanges {
             title: input.title,
@@ -161,7 +149,7 @@ impl ArticlesMutation {
         Ok(Article(
             services(ctx)
                 .articles
-                .edit(editor, id, changes)
+                .edit(actor(ctx), id, changes)
                 .await
                 .gql()?,
         ))

@@ -5,9 +5,17 @@ use async_graphql::dataloader::Loader;
 
 use super::ArticleService;
 use crate::entities::articles;
+use crate::graphql::loaders::FromServices;
+use crate::services::Services;
 
 /// Articles by id, batched: `node(id:)` lookups in one request share a query.
 pub struct ArticleLoader(pub ArticleService);
+
+impl FromServices for ArticleLoader {
+    fn from_services(services: &Services) -> Self {
+        Self(services.articles.clone())
+    }
+}
 
 impl Loader<i64> for ArticleLoader {
     type Value = articles::Model;

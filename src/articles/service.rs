@@ -4,13 +4,19 @@ use sea_orm::{
     QueryOrder, QuerySelect, SqlErr,
 };
 
+use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
-use crate::graphql::pagination::{Page, PageRequest};
+use crate::pagination::{Page, PageRequest, Position, Walk};
 use crate::realtime::{Hub, HubSubscription};
 use crate::redis::Redis;
 use crate::text::{Controls, TextRule, Trim};
+
+/// All articles (or one author's, through the `articles` query), newest first.
+pub const NEWEST: Walk = Walk("articles:new");
+/// One user's articles, newest first (the `User.articles` field).
+pub const USER_ARTICLES: Walk = Walk("user-articles");
 
 pub const MAX_TITLE_CHARS: usize = 200;
 pub const MAX_BODY_CHARS: usize = 50_000;
@@ -92,13 +98,15 @@ impl ArticleService {
         Self { db, redis, hub }
     }
 
-    #[tracing::instrument(skip_all, fields(author.id = author_id))]
+    /// Publishes as the signed-in actor.
+    #[tracing::instrument(skip_all)]
     pub async fn publish(
         &self,
-        author_id: i64,
+        actor: &Actor,
         title: &str,
         body: &str,
     ) -> AppResult<articles::Model> {
+        let author_id = actor.require_user()?;
         let article = insert_article(&self.db, author_id, title, body).await?;
         self.announce(&article).await;
         Ok(article)
@@ -144,10 +152,11 @@ impl ArticleService {
     #[tracing::instrument(skip_all, fields(article.id = id))]
     pub async fn edit(
         &self,
-        editor_id: i64,
+        actor: &Actor,
         id: i64,
         changes: ArticleChanges,
     ) -> AppResult<articles::Model> {
+        let editor_id = actor.require_user()?;
         let title = changes.title.as_deref().map(parse_title).transpose()?;
         let body = changes.body.as_deref().map(parse_body).transpose()?;
         if title.is_none() && body.is_none() {
@@ -194,14 +203,16 @@ impl ArticleService {
     ) -> AppResult<Page<articles::Model>> {
         let mut query = articles::Entity::find().order_by_desc(articles::Column::Id);
         if let Some(after) = page.after {
-            query = query.filter(articles::Column::Id.lt(after));
+            query = query.filter(articles::Column::Id.lt(after.id));
         }
         if let Some(author_id) = author_id {
             query = query.filter(articles::Column::AuthorId.eq(author_id));
         }
         let query = query.limit(page.fetch_limit());
         let rows = retry_once(|| query.clone().all(&self.db)).await?;
-        Ok(Page::from_overfetch(rows, page))
+        Ok(Page::from_overfetch(rows, &page, |row| {
+            Position::id(row.id)
+        }))
     }
 }
 

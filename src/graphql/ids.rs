@@ -5,30 +5,8 @@ use async_graphql::ID;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
+pub use super::node::NodeType;
 use crate::error::{AppError, AppResult};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeType {
-    User,
-    Article,
-}
-
-impl NodeType {
-    fn name(self) -> &'static str {
-        match self {
-            Self::User => "User",
-            Self::Article => "Article",
-        }
-    }
-
-    fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "User" => Some(Self::User),
-            "Article" => Some(Self::Article),
-            _ => None,
-        }
-    }
-}
 
 pub fn encode(node_type: NodeType, id: i64) -> ID {
     ID(URL_SAFE_NO_PAD.encode(format!("{}:{id}", node_type.name())))

@@ -1,6 +1,5 @@
 //! The GraphQL surface: schema assembly, per-request context, ids, pagination and limits.
 
-pub mod context;
 pub mod extensions;
 pub mod guard;
 pub mod ids;
@@ -11,8 +10,11 @@ pub mod schema;
 
 use async_graphql::Context;
 
-pub use context::RequestContext;
-pub use schema::{PulseSchema, Services};
+use crate::actor::Actor;
+
+pub use schema::PulseSchema;
+
+use crate::services::Services;
 
 /// The services the schema was built with.
 pub fn services<'a>(ctx: &Context<'a>) -> &'a Services {
@@ -25,6 +27,6 @@ pub fn loaders<'a>(ctx: &Context<'a>) -> &'a loaders::Loaders {
 }
 
 /// Who is asking, from where.
-pub fn request<'a>(ctx: &Context<'a>) -> &'a RequestContext {
-    ctx.data_unchecked::<RequestContext>()
+pub fn actor<'a>(ctx: &Context<'a>) -> &'a Actor {
+    ctx.data_unchecked::<Actor>()
 }

@@ -1,9 +1,33 @@
 use async_graphql::{Context, ID, Interface, Object};
 
-use super::ids::{self, NodeType};
+use super::ids;
 use crate::accounts::graphql::{User, load_user};
 use crate::articles::graphql::{Article, load_article};
 use crate::error::GqlResultExt;
+
+/// The types a global id can name: one variant per type in [`Node`], and its name in the id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeType {
+    User,
+    Article,
+}
+
+impl NodeType {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::User => "User",
+            Self::Article => "Article",
+        }
+    }
+
+    pub(super) fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "User" => Some(Self::User),
+            "Article" => Some(Self::Article),
+            _ => None,
+        }
+    }
+}
 
 /// Anything with a global id.
 #[derive(Interface)]

@@ -2,15 +2,13 @@ use std::sync::Arc;
 
 use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
 
-use super::RequestContext;
 use super::extensions::{DocumentCache, DocumentGuard, ErrorCodes, OperationMetrics};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
-use crate::accounts::AccountService;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
-use crate::articles::ArticleService;
+use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
-use crate::views::ViewService;
+use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
 
 #[derive(MergedObject, Default)]
@@ -24,22 +22,10 @@ pub struct Subscription(ArticlesSubscription);
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 
-/// The service layer, shared by every request.
-#[derive(Clone)]
-pub struct Services {
-    pub accounts: AccountService,
-    pub articles: ArticleService,
-    pub views: ViewService,
-}
-
 /// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
 /// within it and cache nothing across requests.
-pub fn attach_request_data(
-    services: &Arc<Services>,
-    data: &mut async_graphql::Data,
-    context: RequestContext,
-) {
-    data.insert(context);
+pub fn attach_request_data(services: &Arc<Services>, data: &mut async_graphql::Data, actor: Actor) {
+    data.insert(actor);
     data.insert(Loaders::new(services.clone()));
 }
 

@@ -10,11 +10,11 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
-use super::HttpState;
 use super::server::ConnectionSlot;
 use super::websocket;
+use crate::actor::Actor;
+use crate::app::AppState;
 use crate::error::{AppError, shorten_message};
-use crate::graphql::RequestContext;
 use crate::graphql::schema::attach_request_data;
 
 pub async fn graphiql() -> Html<String> {
@@ -72,26 +72,26 @@ fn malformed(status: StatusCode, mut message: String) -> Response {
     )
 }
 
-fn request_context(
-    state: &HttpState,
+fn actor(
+    state: &AppState,
     peer: SocketAddr,
     headers: &HeaderMap,
     token: Option<&str>,
-) -> Result<RequestContext, AppError> {
-    let viewer = token.map(|token| state.tokens.verify(token)).transpose()?;
+) -> Result<Actor, AppError> {
+    let user = token.map(|token| state.tokens.verify(token)).transpose()?;
     let user_agent = headers
         .get(header::USER_AGENT)
         .and_then(|value| value.to_str().ok())
         .map(|agent| agent.chars().take(512).collect());
-    Ok(RequestContext {
-        viewer,
+    Ok(Actor {
+        user,
         client_ip: state.proxies.client_ip(peer, headers),
         user_agent,
     })
 }
 
 pub async fn execute(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     request: Request,
@@ -138,12 +138,11 @@ pub async fn execute(
             return malformed(StatusCode::BAD_REQUEST, message);
         }
     };
-    let context =
-        match bearer(&headers).and_then(|token| request_context(&state, peer, &headers, token)) {
-            Ok(context) => context,
-            Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
-        };
-    attach_request_data(&state.services, &mut request.data, context);
+    let caller = match bearer(&headers).and_then(|token| actor(&state, peer, &headers, token)) {
+        Ok(caller) => caller,
+        Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
+    };
+    attach_request_data(&state.services, &mut request.data, caller);
     let response = state.schema.execute(request).await;
     axum::Json(response).into_response()
 }
@@ -170,7 +169,7 @@ fn init_payload_token(payload: &serde_json::Value) -> Result<Option<String>, App
 }
 
 pub async fn websocket(
-    State(state): State<Arc<HttpState>>,
+    State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Extension(slot): Extension<ConnectionSlot>,
     headers: HeaderMap,
@@ -200,10 +199,10 @@ pub async fn websocket(
                         Some(token) => Some(token),
                         None => header_token,
                     };
-                    let context = request_context(&state, peer, &headers, token.as_deref())
+                    let caller = actor(&state, peer, &headers, token.as_deref())
                         .map_err(|err| err.extend())?;
                     let mut data = Data::default();
-                    attach_request_data(&state.services, &mut data, context);
+                    attach_request_data(&state.services, &mut data, caller);
                     Ok(data)
                 },
             )

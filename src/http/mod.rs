@@ -13,38 +13,15 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method, header};
 use axum::routing::get;
-use sea_orm::DatabaseConnection;
-use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use client_ip::TrustedProxies;
 
-use crate::accounts::TokenSigner;
-use crate::graphql::{PulseSchema, Services};
-use crate::redis::Redis;
+use crate::app::AppState;
 
-/// What the HTTP handlers share.
-#[derive(Clone)]
-pub struct HttpState {
-    pub schema: PulseSchema,
-    pub services: Arc<Services>,
-    pub tokens: Arc<TokenSigner>,
-    pub proxies: TrustedProxies,
-    pub db: DatabaseConnection,
-    pub redis: Redis,
-    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
-    pub max_body_bytes: usize,
-    /// How long a request body may take to arrive once the headers are in.
-    pub body_timeout: Duration,
-    /// How long a websocket may take to send `connection_init`.
-    pub ws_init_timeout: Duration,
-    /// Cancelled when the server stops, so that websockets close with "going away".
-    pub shutdown: CancellationToken,
-}
-
-pub fn router(state: HttpState, cors: CorsLayer) -> Router {
+pub fn router(state: AppState, cors: CorsLayer) -> Router {
     let max_body_bytes = state.max_body_bytes;
     Router::new()
         .route("/graphql", get(graphql::graphiql).post(graphql::execute))

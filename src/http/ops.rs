@@ -8,7 +8,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::{HttpState, PROBE_TIMEOUT};
+use super::PROBE_TIMEOUT;
+use crate::app::AppState;
 
 /// Alive: the process serves HTTP. Says nothing about dependencies (that is `/readyz`).
 pub async fn healthz() -> &'static str {
@@ -16,7 +17,7 @@ pub async fn healthz() -> &'static str {
 }
 
 /// Ready: SQL can take a write and Redis answers, each within the probe timeout.
-pub async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
+pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let (sql, redis) = tokio::join!(
         tokio::time::timeout(PROBE_TIMEOUT, crate::db::probe_writable(&state.db)),
         tokio::time::timeout(PROBE_TIMEOUT, state.redis.ping()),
@@ -36,7 +37,7 @@ pub async fn readyz(State(state): State<Arc<HttpState>>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-pub async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
+pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
         state.metrics.render(),

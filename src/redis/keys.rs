@@ -1,10 +1,12 @@
 //! The only place Redis keys are built.
 //!
 //! Every key starts with the configured prefix, so deployments and tests share one Redis safely.
-//! Keys that one script touches together share a hash tag (`{a:9}`, `{u:7}`, `{p:42}`), which keeps
-//! every script single-slot on Redis Cluster.
+//! Keys that one script touches together share a hash tag (`{v:3}` for view shard 3, `{ip:…}` for
+//! one client's attempt counter), which keeps every script single-slot on Redis Cluster.
 
 use std::net::IpAddr;
+
+use crate::actor::Identity;
 
 #[derive(Clone, Debug)]
 pub struct Keys {
@@ -63,13 +65,6 @@ pub fn view_shard_of(article: i64) -> u32 {
     article.rem_euclid(i64::from(VIEW_SHARDS)) as u32
 }
 
-/// Who a view is deduplicated by: a signed-in user, else the client's address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Viewer {
-    User(i64),
-    Address(IpAddr),
-}
-
 pub struct ViewShardKeys<'a> {
     keys: &'a Keys,
     shard: u32,
@@ -87,11 +82,11 @@ impl ViewShardKeys<'_> {
     /// Marks that `viewer` has been counted for `article` within the window (expires with it).
     /// Terse on purpose: there is one per viewer per article per window, and a key under 32 bytes
     /// takes Redis's smallest string header and allocation class, about 16 bytes less per marker.
-    pub fn seen(&self, article: i64, viewer: Viewer) -> String {
+    pub fn seen(&self, article: i64, viewer: Identity) -> String {
         let (prefix, shard) = (&self.keys.prefix, self.shard);
         match viewer {
-            Viewer::User(user) => format!("{prefix}vs:{{v:{shard}}}:{article}:u{user}"),
-            Viewer::Address(ip) => format!("{prefix}vs:{{v:{shard}}}:{article}:{ip}"),
+            Identity::User(user) => format!("{prefix}vs:{{v:{shard}}}:{article}:u{user}"),
+            Identity::Address(ip) => format!("{prefix}vs:{{v:{shard}}}:{article}:{ip}"),
         }
     }
 
@@ -148,8 +143,8 @@ mod tests {
         let shard = keys.view_shard(9 + i64::from(VIEW_SHARDS));
         let tag = format!("{{v:{}}}", 9);
         for key in [
-            shard.seen(25, Viewer::User(7)),
-            shard.seen(25, Viewer::Address("::1".parse().unwrap())),
+            shard.seen(25, Identity::User(7)),
+            shard.seen(25, Identity::Address("::1".parse().unwrap())),
             shard.base(),
             shard.pending(),
             shard.in_flight(),

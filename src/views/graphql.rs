@@ -1,12 +1,12 @@
 use async_graphql::{Context, Enum, ID, Object, SimpleObject};
 
+use super::loader::ViewCountLoader;
 use super::service::{RankingWindow, SkipReason};
 use crate::articles::graphql::{Article, load_article, load_articles};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
-use crate::graphql::{loaders, request, services};
-use crate::redis::keys::Viewer;
+use crate::graphql::{actor, loaders, services};
 
 /// Most entries a ranking returns.
 const MAX_RANKING_SIZE: i32 = 100;
@@ -100,7 +100,7 @@ pub async fn view_count(
     ctx: &Context<'_>,
     article: &articles::Model,
 ) -> async_graphql::Result<i64> {
-    let loader = loaders(ctx).view_counts();
+    let loader = loaders(ctx).get::<ViewCountLoader>();
     let live = loader.load_one(article.id).await?.unwrap_or_default();
     Ok(live.total(article.view_count))
 }
@@ -160,14 +160,9 @@ impl ViewsMutation {
         article_id: ID,
     ) -> async_graphql::Result<RecordViewPayload> {
         let article_id = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
-        let caller = request(ctx);
-        let viewer = match caller.viewer {
-            Some(user) => Viewer::User(user),
-            None => Viewer::Address(caller.client_ip),
-        };
         let outcome = services(ctx)
             .views
-            .record(article_id, viewer, caller.user_agent.as_deref())
+            .record(article_id, actor(ctx))
             .await
             .gql()?;
         Ok(RecordViewPayload {

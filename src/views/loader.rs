@@ -4,9 +4,17 @@ use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
 
 use super::service::{LiveViews, ViewService};
+use crate::graphql::loaders::FromServices;
+use crate::services::Services;
 
 /// Live view counts by article: a page of articles costs one pipelined Redis round trip.
 pub struct ViewCountLoader(pub ViewService);
+
+impl FromServices for ViewCountLoader {
+    fn from_services(services: &Services) -> Self {
+        Self(services.views.clone())
+    }
+}
 
 impl Loader<i64> for ViewCountLoader {
     type Value = LiveViews;

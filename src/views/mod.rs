@@ -18,7 +18,7 @@ pub mod buckets;
 pub mod crawler;
 pub mod graphql;
 pub mod loader;
-mod rebuild;
+pub mod rebuild;
 pub mod service;
 pub mod worker;
 

@@ -7,11 +7,11 @@ use sea_orm::{DatabaseConnection, EntityTrait, QuerySelect};
 
 use super::buckets;
 use super::crawler::CrawlerDetector;
-use super::rebuild::{self, Caches};
+use crate::actor::{Actor, Identity};
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
 use crate::redis::Redis;
-use crate::redis::keys::{VIEW_SHARDS, Viewer};
+use crate::redis::keys::VIEW_SHARDS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
@@ -75,16 +75,13 @@ impl ViewService {
         }
     }
 
-    /// Counts a view unless `viewer` was counted for this article within the window or the user
-    /// agent is a crawler. One script call; SQL only the first time Redis meets the article.
+    /// Counts a view unless the actor (the signed-in user, else the client's address) was counted
+    /// for this article within the window or its User-Agent is a crawler. One script call; SQL only
+    /// the first time Redis meets the article.
     #[tracing::instrument(skip_all, fields(article.id = article))]
-    pub async fn record(
-        &self,
-        article: i64,
-        viewer: Viewer,
-        user_agent: Option<&str>,
-    ) -> AppResult<ViewOutcome> {
-        let is_crawler = self.crawlers.is_crawler(user_agent);
+    pub async fn record(&self, article: i64, actor: &Actor) -> AppResult<ViewOutcome> {
+        let viewer = actor.identity();
+        let is_crawler = self.crawlers.is_crawler(actor.user_agent.as_deref());
         let (mut counted, mut total) = self.run_record(article, viewer, !is_crawler, None).await?;
         if counted < 0 {
             let sql_count = self
@@ -110,7 +107,7 @@ impl ViewService {
     async fn run_record(
         &self,
         article: i64,
-        viewer: Viewer,
+        viewer: Identity,
         count: bool,
         sql_count: Option<i64>,
     ) -> AppResult<(i64, i64)> {
@@ -196,12 +193,5 @@ impl ViewService {
         merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         merged.truncate(first);
         Ok(merged)
-    }
-
-    /// Rewrites the cached base counts and the all-time ranking of every shard from SQL (plus
-    /// pending views); see `views/rebuild.rs`.
-    pub async fn rebuild(&self) -> AppResult<u64> {
-        let shards: Vec<u32> = (0..VIEW_SHARDS).collect();
-        rebuild::rebuild(&self.db, &self.redis, &shards, Caches::BaseAndRanking).await
     }
 }

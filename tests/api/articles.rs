@@ -29,7 +29,10 @@ async fn a_published_article_reads_back_everywhere() {
     let id = app.publish(&token, "  Hello, world ").await;
 
     let by_id = app
-        .graphql("query($id: ID!) { article(id: $id) { id title author { id handle } viewCount likeCount } }", json!({ "id": id }))
+        .graphql(
+            "query($id: ID!) { article(id: $id) { id title author { id handle } viewCount } }",
+            json!({ "id": id }),
+        )
         .await;
     let article = &by_id["data"]["article"];
     assert_eq!(article["title"], "Hello, world");
@@ -296,4 +299,45 @@ async fn pages_are_bounded_and_filtered_by_author() {
             .all(|edge| edge["node"]["author"]["handle"] == "ruth")
     );
     assert_eq!(edges[0]["node"]["title"], "ruth 2");
+}
+
+#[tokio::test]
+async fn a_cursor_from_another_list_is_bad_input() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("rhea").await;
+    app.publish_many(&token, "mine ", 3).await;
+    let response = app
+        .graphql_as(
+            Some(&token),
+            "{ viewer { articles(first: 1) { pageInfo { endCursor } } } }",
+            json!({}),
+        )
+        .await;
+    let cursor = response["data"]["viewer"]["articles"]["pageInfo"]["endCursor"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{response}"))
+        .to_owned();
+
+    let own_list = app
+        .graphql_as(
+            Some(&token),
+            "query($after: String) { viewer { articles(first: 5, after: $after) { edges { node { title } } } } }",
+            json!({ "after": cursor }),
+        )
+        .await;
+    assert_eq!(
+        own_list["data"]["viewer"]["articles"]["edges"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{own_list}"
+    );
+    let other_list = app
+        .graphql(
+            "query($after: String) { articles(first: 5, after: $after) { edges { node { id } } } }",
+            json!({ "after": cursor }),
+        )
+        .await;
+    assert_eq!(error_code(&other_list), "BAD_USER_INPUT", "{other_list}");
+    assert_eq!(other_list["errors"][0]["extensions"]["field"], "after");
 }

@@ -476,7 +476,9 @@ async fn rebuilding_restores_counts_and_ranking_from_sql() {
         json!([])
     );
 
-    let rebuilt = app.state.services.views.rebuild().await.unwrap();
+    let rebuilt = pulse::views::rebuild::rebuild_all(&app.state.db, &app.state.redis)
+        .await
+        .unwrap();
     assert_eq!(rebuilt, 2);
     let top = app
         .graphql(

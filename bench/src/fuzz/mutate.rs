@@ -12,7 +12,7 @@ const EXTRA: &[&str] = &[
     "mutation($a:ID!){ recordView(articleId:$a){ counted skipReason viewCount article { id } } }",
     r#"mutation { editArticle(id: "QXJ0aWNsZTox", input: { title: "t" }) { id updatedAt } }"#,
     "query($c:String){ articles(first:100, after:$c){ edges{ cursor node{ viewCount } } pageInfo{ hasNextPage endCursor } } }",
-    "{ viewer { id handle articles(first: 3) { nodes { id title likeCount } } } }",
+    "{ viewer { id handle articles(first: 3) { nodes { id title viewCount } } } }",
     "subscription { articlePublished { title author { handle } } }",
     "subscription($a: ID) { articlePublished(authorId: $a) { id } }",
     "query Q($b: Boolean! = true) { viewer @include(if: $b) { ...U } } fragment U on User { id handle }",

@@ -1,0 +1,98 @@
+//! The service registry: every domain service, built in one place from the backends and the
+//! configuration, with the domain workers started next to the services they serve.
+//!
+//! A new domain adds its service here and, if it has one, starts its worker in [`Services::start`];
+//! nothing else in the wiring changes.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use sea_orm::DatabaseConnection;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::accounts::{AccountService, TokenSigner};
+use crate::articles::ArticleService;
+use crate::config::Config;
+use crate::realtime::Hub;
+use crate::redis::Redis;
+use crate::views::crawler::CrawlerDetector;
+use crate::views::{ViewFlusher, ViewService};
+
+/// What the services are built from: the backends, and the token signer every session check needs.
+pub struct Inputs<'a> {
+    pub db: &'a DatabaseConnection,
+    pub redis: &'a Redis,
+    pub hub: &'a Hub,
+    pub tokens: &'a Arc<TokenSigner>,
+    pub config: &'a Config,
+}
+
+/// Where background workers run, and what tells them to stop.
+pub struct Workers<'a> {
+    pub tasks: &'a TaskTracker,
+    pub shutdown: &'a CancellationToken,
+}
+
+/// The service layer, shared by every request.
+#[derive(Clone)]
+pub struct Services {
+    pub accounts: AccountService,
+    pub articles: ArticleService,
+    pub views: ViewService,
+}
+
+impl Services {
+    /// Builds every service, applies the configured admin grants and starts the domain workers.
+    pub async fn start(inputs: Inputs<'_>, workers: Workers<'_>) -> anyhow::Result<Self> {
+        let Inputs {
+            db,
+            redis,
+            hub,
+            tokens,
+            config,
+        } = inputs;
+        let services = Self {
+            accounts: AccountService::new(
+                db.clone(),
+                redis.clone(),
+                tokens.clone(),
+                config.auth_attempts_per_minute,
+            ),
+            articles: ArticleService::new(db.clone(), redis.clone(), hub.clone()),
+            views: ViewService::new(
+                db.clone(),
+                redis.clone(),
+                Arc::new(crawler_detector(config.crawler_patterns_file.as_deref())?),
+                config.view_window,
+                config.timezone,
+            ),
+        };
+        services
+            .accounts
+            .grant_configured_admins(&config.admins)
+            .await;
+        let shutdown = workers.shutdown.clone();
+        workers.tasks.spawn(
+            ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease)
+                .run(config.view_flush_interval, shutdown),
+        );
+        Ok(services)
+    }
+}
+
+/// The shipped crawler list plus the patterns of `PULSE_CRAWLER_PATTERNS_FILE`, if set.
+fn crawler_detector(patterns_file: Option<&Path>) -> anyhow::Result<CrawlerDetector> {
+    let extra = match patterns_file {
+        None => Vec::new(),
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the crawler patterns file {}", path.display()))?
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(str::to_owned)
+            .collect(),
+    };
+    CrawlerDetector::new(&extra)
+}

@@ -1,0 +1,94 @@
+//! The layering of ARCHITECTURE.md, checked on the source tree: resolvers reach storage only through
+//! services, and services know nothing of GraphQL. Comments are ignored; any other mention of a
+//! forbidden crate or module (a `use`, a path in an expression) fails.
+
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+fn sources() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut found,
+    );
+    found
+}
+
+/// The identifiers of a file's code, comments left out.
+fn identifiers(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .flat_map(|code| code.split(|c: char| !(c.is_alphanumeric() || c == '_')))
+        .filter(|word| !word.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Files of `files` that mention one of `forbidden`, with the word found.
+fn violations(files: &[PathBuf], forbidden: &[&str]) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|path| {
+            identifiers(path)
+                .into_iter()
+                .filter(|word| forbidden.contains(&word.as_str()))
+                .map(move |word| format!("{} uses `{word}`", path.display()))
+        })
+        .collect()
+}
+
+fn named(files: &[PathBuf], names: &[&str]) -> Vec<PathBuf> {
+    files
+        .iter()
+        .filter(|path| names.iter().any(|name| path.ends_with(name)))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn resolvers_import_nothing_from_redis_or_sea_orm() {
+    let files = sources();
+    let mut resolvers = named(&files, &["graphql.rs"]);
+    resolvers.extend(
+        files
+            .iter()
+            .filter(|path| {
+                path.parent()
+                    .is_some_and(|dir| dir.ends_with("src/graphql"))
+            })
+            .cloned(),
+    );
+    assert!(resolvers.len() >= 10, "found only {resolvers:?}");
+    let found = violations(&resolvers, &["redis", "sea_orm"]);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn services_import_nothing_from_the_graphql_layer() {
+    let files = sources();
+    let services = named(
+        &files,
+        &["service.rs", "services.rs", "pagination.rs", "actor.rs"],
+    )
+    .into_iter()
+    .filter(|path| {
+        !path
+            .parent()
+            .is_some_and(|dir| dir.ends_with("src/graphql"))
+    })
+    .collect::<Vec<_>>();
+    assert!(services.len() >= 6, "found only {services:?}");
+    let found = violations(&services, &["graphql", "async_graphql"]);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
