@@ -10,6 +10,7 @@ pub mod entities;
 pub mod error;
 pub mod graphql;
 pub mod http;
+pub mod jobs;
 pub mod realtime;
 pub mod redis;
 pub mod telemetry;

@@ -178,3 +178,59 @@ mod tests {
         assert_eq!(key, "p:ratelimit:auth:{ip:::1}");
     }
 }
+
+// Jobs: the streams of the durable job runtime (`src/jobs/`).
+
+impl Keys {
+    /// The keys of shard `shard` of job `job`. See [`JobShardKeys`].
+    pub fn job_shard<'a>(&'a self, job: &'a str, shard: u32) -> JobShardKeys<'a> {
+        JobShardKeys {
+            keys: self,
+            job,
+            shard,
+        }
+    }
+}
+
+/// One shard of a job: its stream and its dead letters share the hash tag `{j:<job>:<shard>}`, so
+/// a script that appends an event to the shard, or moves dead letters back, is single-slot.
+pub struct JobShardKeys<'a> {
+    keys: &'a Keys,
+    job: &'a str,
+    shard: u32,
+}
+
+impl JobShardKeys<'_> {
+    /// Stream of the job's entries on this shard, read by the consumer group named after the job.
+    pub fn stream(&self) -> String {
+        format!(
+            "{}job:{{j:{}:{}}}:stream",
+            self.keys.prefix, self.job, self.shard
+        )
+    }
+
+    /// Stream of the entries that failed every delivery, each with its error and original id.
+    pub fn dead(&self) -> String {
+        format!(
+            "{}job:{{j:{}:{}}}:dead",
+            self.keys.prefix, self.job, self.shard
+        )
+    }
+}
+
+#[cfg(test)]
+mod job_key_tests {
+    use super::*;
+
+    #[test]
+    fn a_job_shards_stream_and_dead_letters_share_one_hash_tag() {
+        let keys = Keys::new("p:");
+        let shard = keys.job_shard("likes", 3);
+        for key in [shard.stream(), shard.dead()] {
+            assert!(key.starts_with("p:"), "{key} lacks the prefix");
+            assert_eq!(key.matches('{').count(), 1, "{key} has more than one hash tag");
+            assert!(key.contains("{j:likes:3}"), "{key} is not in shard 3 of likes");
+        }
+        assert_ne!(shard.stream(), keys.job_shard("likes", 4).stream());
+    }
+}
