@@ -80,7 +80,12 @@ impl JobRuntime {
     }
 
     /// Runs every job on `tasks` until `shutdown`.
-    pub fn start(&self, jobs: Vec<Arc<dyn Job>>, tasks: &TaskTracker, shutdown: &CancellationToken) {
+    pub fn start(
+        &self,
+        jobs: Vec<Arc<dyn Job>>,
+        tasks: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) {
         for job in jobs {
             tasks.spawn(self.clone().run(job, shutdown.clone()));
         }
@@ -96,7 +101,9 @@ impl JobRuntime {
             if !ready {
                 match streams::create_groups(&self.redis, spec).await {
                     Ok(()) => ready = true,
-                    Err(err) => tracing::warn!(job = spec.name, error = %err, "cannot create the job's consumer groups; retrying"),
+                    Err(err) => {
+                        tracing::warn!(job = spec.name, error = %err, "cannot create the job's consumer groups; retrying")
+                    }
                 }
             }
             let handled = if ready {

@@ -66,7 +66,10 @@ async fn group(redis: &Redis, spec: JobSpec, stream: &str) -> RedisResult<Option
         return Ok(None);
     }
     let groups: StreamInfoGroupsReply = conn.xinfo_groups(stream).await?;
-    Ok(groups.groups.into_iter().find(|group| group.name == spec.name))
+    Ok(groups
+        .groups
+        .into_iter()
+        .find(|group| group.name == spec.name))
 }
 
 /// Every shard stream of the job.
@@ -180,10 +183,7 @@ mod tests {
     fn the_next_stream_id_follows_the_sequence_then_the_millisecond() {
         assert_eq!(next_id("0-0").as_deref(), Some("0-1"));
         assert_eq!(next_id("1700-41").as_deref(), Some("1700-42"));
-        assert_eq!(
-            next_id(&format!("5-{}", u64::MAX)).as_deref(),
-            Some("6-0")
-        );
+        assert_eq!(next_id(&format!("5-{}", u64::MAX)).as_deref(), Some("6-0"));
         assert_eq!(next_id("garbage"), None);
     }
 }

@@ -228,8 +228,15 @@ mod job_key_tests {
         let shard = keys.job_shard("likes", 3);
         for key in [shard.stream(), shard.dead()] {
             assert!(key.starts_with("p:"), "{key} lacks the prefix");
-            assert_eq!(key.matches('{').count(), 1, "{key} has more than one hash tag");
-            assert!(key.contains("{j:likes:3}"), "{key} is not in shard 3 of likes");
+            assert_eq!(
+                key.matches('{').count(),
+                1,
+                "{key} has more than one hash tag"
+            );
+            assert!(
+                key.contains("{j:likes:3}"),
+                "{key} is not in shard 3 of likes"
+            );
         }
         assert_ne!(shard.stream(), keys.job_shard("likes", 4).stream());
     }
