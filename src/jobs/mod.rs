@@ -29,6 +29,9 @@ mod streams;
 
 use std::collections::HashMap;
 
+use crate::redis::Redis;
+use crate::redis::keys::JobShardKeys;
+
 pub use runtime::{JobRuntime, JobSettings};
 pub use streams::{StreamStatus, enqueue, retry_dead, status, trim};
 
@@ -37,8 +40,17 @@ pub use streams::{StreamStatus, enqueue, retry_dead, status, trim};
 pub struct JobSpec {
     /// Names the consumer group, the metrics' `job` label and the keys (no braces).
     pub name: &'static str,
-    /// Shard streams the job reads: `0..shards`, each with its own hash tag.
+    /// Shard streams the job reads: `0..shards`.
     pub shards: u32,
+    /// Shard `N`'s keys carry the hash tag `{<tag>:N}`: the domain's own shard tag, so that the
+    /// domain's scripts can append to the stream of the shard they write in.
+    pub tag: &'static str,
+}
+
+impl JobSpec {
+    pub(crate) fn keys(self, redis: &Redis, shard: u32) -> JobShardKeys<'_> {
+        redis.keys.job_shard(self.name, self.tag, shard)
+    }
 }
 
 /// Every job the binary runs, for `pulse jobs status` and `pulse jobs retry-dead`. A domain adds

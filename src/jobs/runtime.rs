@@ -168,7 +168,7 @@ impl JobRuntime {
 
     #[tracing::instrument(skip_all, fields(job = spec.name, shard))]
     async fn read_new(&self, spec: JobSpec, shard: u32) -> RedisResult<Vec<Entry>> {
-        let stream = self.redis.keys.job_shard(spec.name, shard).stream();
+        let stream = spec.keys(&self.redis, shard).stream();
         let mut conn = self.redis.conn.clone();
         // No BLOCK: the connection is shared, and a blocked read would hold up every other command.
         let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
@@ -193,7 +193,7 @@ impl JobRuntime {
     /// once their backoff has passed, another consumer's once its lease has run out too.
     #[tracing::instrument(skip_all, fields(job = spec.name, shard))]
     async fn reclaim(&self, spec: JobSpec, shard: u32) -> RedisResult<Vec<Entry>> {
-        let stream = self.redis.keys.job_shard(spec.name, shard).stream();
+        let stream = spec.keys(&self.redis, shard).stream();
         let mut conn = self.redis.conn.clone();
         let candidates: StreamPendingCountReply = redis::cmd("XPENDING")
             .arg(&stream)
@@ -265,7 +265,7 @@ impl JobRuntime {
     }
 
     async fn ack(&self, spec: JobSpec, shard: u32, entries: &[Entry]) -> RedisResult<()> {
-        let stream = self.redis.keys.job_shard(spec.name, shard).stream();
+        let stream = spec.keys(&self.redis, shard).stream();
         let ids: Vec<&str> = entries.iter().map(|entry| entry.id.as_str()).collect();
         let mut conn = self.redis.conn.clone();
         let _: u64 = conn.xack(&stream, spec.name, &ids).await?;
@@ -289,7 +289,7 @@ impl JobRuntime {
             );
             return Ok(());
         }
-        let keys = self.redis.keys.job_shard(spec.name, entry.shard);
+        let keys = spec.keys(&self.redis, entry.shard);
         let fields = serde_json::json!(entry.fields).to_string();
         let deliveries = entry.deliveries.to_string();
         let mut conn = self.redis.conn.clone();

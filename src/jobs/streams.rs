@@ -39,7 +39,7 @@ pub async fn enqueue(
     fields: &[(&str, &str)],
 ) -> RedisResult<String> {
     let mut conn = redis.conn.clone();
-    conn.xadd(redis.keys.job_shard(spec.name, shard).stream(), "*", fields)
+    conn.xadd(spec.keys(redis, shard).stream(), "*", fields)
         .await
 }
 
@@ -48,7 +48,7 @@ pub async fn enqueue(
 pub(super) async fn create_groups(redis: &Redis, spec: JobSpec) -> RedisResult<()> {
     let mut conn = redis.conn.clone();
     for shard in 0..spec.shards {
-        let stream = redis.keys.job_shard(spec.name, shard).stream();
+        let stream = spec.keys(redis, shard).stream();
         let created: RedisResult<()> = conn.xgroup_create_mkstream(&stream, spec.name, "0").await;
         match created {
             Err(err) if err.code() == Some("BUSYGROUP") => {}
@@ -78,7 +78,7 @@ pub async fn status(redis: &Redis, spec: JobSpec) -> RedisResult<Vec<StreamStatu
     let mut conn = redis.conn.clone();
     let mut streams = Vec::new();
     for shard in 0..spec.shards {
-        let keys = redis.keys.job_shard(spec.name, shard);
+        let keys = spec.keys(redis, shard);
         let stream = keys.stream();
         let length: u64 = conn.xlen(&stream).await?;
         let dead: u64 = conn.xlen(keys.dead()).await?;
@@ -108,7 +108,7 @@ pub async fn retry_dead(redis: &Redis, spec: JobSpec) -> RedisResult<u64> {
     let mut conn = redis.conn.clone();
     let mut moved = 0;
     for shard in 0..spec.shards {
-        let keys = redis.keys.job_shard(spec.name, shard);
+        let keys = spec.keys(redis, shard);
         loop {
             let chunk: usize = RETRY_DEAD
                 .key(keys.dead())
@@ -138,7 +138,7 @@ pub async fn trim(redis: &Redis, spec: JobSpec) -> RedisResult<u64> {
     let mut conn = redis.conn.clone();
     let (mut removed, mut pending, mut lag) = (0, 0, 0);
     for shard in 0..spec.shards {
-        let stream = redis.keys.job_shard(spec.name, shard).stream();
+        let stream = spec.keys(redis, shard).stream();
         let Some(group) = group(redis, spec, &stream).await? else {
             continue;
         };

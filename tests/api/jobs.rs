@@ -27,6 +27,7 @@ use crate::helpers::{redis_url, test_config};
 const JOB: JobSpec = JobSpec {
     name: "test-recorder",
     shards: 2,
+    tag: "t",
 };
 
 /// Tells the child test to run a consumer until it is killed, and with what.
@@ -289,7 +290,7 @@ async fn a_poison_entry_is_dead_lettered_after_its_last_delivery_and_retry_dead_
     assert_eq!(job.calls(&format!("0/{poison}")), 4);
     let mut conn = redis.conn.clone();
     let dead: StreamRangeReply = conn
-        .xrange_all(redis.keys.job_shard(JOB.name, 0).dead())
+        .xrange_all(redis.keys.job_shard(JOB.name, JOB.tag, 0).dead())
         .await
         .unwrap();
     let letter = &dead.ids[0];
@@ -361,7 +362,7 @@ async fn a_child_process_consumes_until_killed_when_a_parent_test_asks() {
     for shard in 0..JOB.shards {
         redis::cmd("XGROUP")
             .arg("CREATECONSUMER")
-            .arg(redis.keys.job_shard(JOB.name, shard).stream())
+            .arg(redis.keys.job_shard(JOB.name, JOB.tag, shard).stream())
             .arg(JOB.name)
             .arg(runtime.consumer())
             .query_async::<()>(&mut conn)
@@ -374,7 +375,7 @@ async fn a_child_process_consumes_until_killed_when_a_parent_test_asks() {
 /// The consumers of the job's group on `shard` and how many entries each holds.
 async fn consumers(redis: &Redis, shard: u32) -> HashMap<String, usize> {
     let mut conn = redis.conn.clone();
-    let stream = redis.keys.job_shard(JOB.name, shard).stream();
+    let stream = redis.keys.job_shard(JOB.name, JOB.tag, shard).stream();
     let exists: bool = conn.exists(&stream).await.unwrap();
     if !exists {
         return HashMap::new();
@@ -623,7 +624,10 @@ async fn trimming_under_load_never_removes_an_unacknowledged_entry() {
     );
     let mut conn = redis.conn.clone();
     let pending: StreamPendingReply = conn
-        .xpending(redis.keys.job_shard(JOB.name, 0).stream(), JOB.name)
+        .xpending(
+            redis.keys.job_shard(JOB.name, JOB.tag, 0).stream(),
+            JOB.name,
+        )
         .await
         .unwrap();
     assert_eq!(pending.count(), 0);
