@@ -1,6 +1,6 @@
 //! The consumer side: read, handle, acknowledge; reclaim, retry, dead-letter; trim.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -195,19 +195,31 @@ impl JobRuntime {
     async fn reclaim(&self, spec: JobSpec, shard: u32) -> RedisResult<Vec<Entry>> {
         let stream = spec.keys(&self.redis, shard).stream();
         let mut conn = self.redis.conn.clone();
-        let candidates: StreamPendingCountReply = redis::cmd("XPENDING")
-            .arg(&stream)
-            .arg(spec.name)
-            .arg("IDLE")
-            .arg(self.settings.backoff.as_millis() as u64)
-            .arg("-")
-            .arg("+")
-            .arg(self.settings.batch)
+        let pending = |idle: Duration| {
+            let mut cmd = redis::cmd("XPENDING");
+            cmd.arg(&stream)
+                .arg(spec.name)
+                .arg("IDLE")
+                .arg(idle.as_millis() as u64)
+                .arg("-")
+                .arg("+")
+                .arg(self.settings.batch);
+            cmd
+        };
+        // Two lists, so that another consumer's entries still within their lease never hide this
+        // consumer's own retries, nor the other way round.
+        let (mine, expired): (StreamPendingCountReply, StreamPendingCountReply) = redis::pipe()
+            .add_command(pending(self.settings.backoff).arg(&*self.consumer).clone())
+            .add_command(pending(self.settings.lease))
             .query_async(&mut conn)
             .await?;
+        let mut candidates = mine.ids;
+        candidates.extend(expired.ids);
+        let mut listed = HashSet::new();
+        candidates.retain(|pending| listed.insert(pending.id.clone()));
         let mut claims = redis::pipe();
         let mut deliveries = HashMap::new();
-        for pending in candidates.ids {
+        for pending in candidates {
             let before = pending.times_delivered as u64;
             let mut idle_at_least = self.settings.backoff(before);
             if pending.consumer != *self.consumer {
