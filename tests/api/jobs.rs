@@ -632,3 +632,62 @@ async fn trimming_under_load_never_removes_an_unacknowledged_entry() {
         .unwrap();
     assert_eq!(pending.count(), 0);
 }
+
+/// The test job behind a gate: it reports each batch it starts, then waits to be let through.
+struct Gated {
+    inner: Arc<Recorder>,
+    entered: tokio::sync::mpsc::UnboundedSender<usize>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl Job for Gated {
+    fn spec(&self) -> JobSpec {
+        JOB
+    }
+
+    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+        self.entered.send(batch.len()).unwrap();
+        self.release.notified().await;
+        self.inner.handle(batch).await
+    }
+}
+
+#[tokio::test]
+async fn a_stopping_consumer_finishes_and_acknowledges_the_batch_in_hand_and_takes_no_other() {
+    let fixture = Fixture::new().await;
+    let (db, redis) = (fixture.db().await, fixture.redis().await);
+    for n in 0..25 {
+        let payload = format!("n{n}");
+        jobs::enqueue(&redis, JOB, 0, &[("payload", payload.as_str())])
+            .await
+            .unwrap();
+    }
+    let runtime = JobRuntime::new(redis.clone(), settings());
+    let (entered, mut batches) = tokio::sync::mpsc::unbounded_channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let job = Arc::new(Gated {
+        inner: Recorder::new(db.clone(), &runtime),
+        entered,
+        release: release.clone(),
+    });
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(runtime.run(job, stop.clone()));
+
+    assert_eq!(batches.recv().await, Some(10));
+    stop.cancel();
+    release.notify_one();
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the consumer stops once its batch is done")
+        .unwrap();
+
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM job_applied").await, 10);
+    let status = totals(&redis).await;
+    assert_eq!(
+        (status.pending, status.lag),
+        (0, 15),
+        "the batch in hand was not acknowledged, or another was taken"
+    );
+    assert!(batches.try_recv().is_err(), "a second batch was started");
+}
