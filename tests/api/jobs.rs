@@ -87,6 +87,7 @@ impl Fixture {
 /// The test job. An entry's `fail` field plans its failures: a number of handler calls that fail
 /// before it succeeds, or `poison` for every call until the test cures it.
 struct Recorder {
+    spec: JobSpec,
     db: DatabaseConnection,
     consumer: String,
     calls: Mutex<HashMap<String, u64>>,
@@ -95,7 +96,12 @@ struct Recorder {
 
 impl Recorder {
     fn new(db: DatabaseConnection, runtime: &JobRuntime) -> Arc<Self> {
+        Self::for_job(JOB, db, runtime)
+    }
+
+    fn for_job(spec: JobSpec, db: DatabaseConnection, runtime: &JobRuntime) -> Arc<Self> {
         Arc::new(Self {
+            spec,
             db,
             consumer: runtime.consumer().to_owned(),
             calls: Mutex::new(HashMap::new()),
@@ -133,7 +139,7 @@ fn statement(backend: DbBackend, sql: &str, values: Vec<Value>) -> Statement {
 #[async_trait::async_trait]
 impl Job for Recorder {
     fn spec(&self) -> JobSpec {
-        JOB
+        self.spec
     }
 
     async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
@@ -690,4 +696,68 @@ async fn a_stopping_consumer_finishes_and_acknowledges_the_batch_in_hand_and_tak
         "the batch in hand was not acknowledged, or another was taken"
     );
     assert!(batches.try_recv().is_err(), "a second batch was started");
+}
+
+#[tokio::test]
+async fn the_runtime_counts_processed_failed_retried_and_dead_lettered_entries_and_gauges_pending_and_lag()
+ {
+    // A job of its own: the metrics recorder is one per process, shared by every test.
+    const METERED: JobSpec = JobSpec {
+        name: "test-metered",
+        shards: 1,
+        tag: "m",
+    };
+    let metrics = pulse::telemetry::metrics_handle();
+    let fixture = Fixture::new().await;
+    let (db, redis) = (fixture.db().await, fixture.redis().await);
+    let runtime = JobRuntime::new(
+        redis.clone(),
+        JobSettings {
+            max_deliveries: 2,
+            ..settings()
+        },
+    );
+    let job = Recorder::for_job(METERED, db.clone(), &runtime);
+    for (payload, fail) in [
+        ("a", "0"),
+        ("b", "0"),
+        ("c", "0"),
+        ("d", "1"),
+        ("e", "poison"),
+    ] {
+        jobs::enqueue(&redis, METERED, 0, &[("payload", payload), ("fail", fail)])
+            .await
+            .unwrap();
+    }
+    wait_for("the poison entry to reach the dead letters", || async {
+        runtime.poll_once(job.as_ref()).await.unwrap();
+        jobs::status(&redis, METERED).await.unwrap()[0].dead == 1
+    })
+    .await;
+    for payload in ["f", "g"] {
+        jobs::enqueue(&redis, METERED, 0, &[("payload", payload)])
+            .await
+            .unwrap();
+    }
+    jobs::trim(&redis, METERED).await.unwrap();
+
+    let rendered = metrics.render();
+    let value = |name: &str| {
+        let series = format!("{name}{{job=\"test-metered\"}} ");
+        rendered
+            .lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("no {series} in:\n{rendered}"))
+            .trim()
+            .parse::<f64>()
+            .unwrap()
+    };
+    // The batch of five fails on d; alone, a, b, c and d succeed and e fails; e's second
+    // delivery fails too, and it is its last.
+    assert_eq!(value("pulse_job_processed_total"), 4.0);
+    assert_eq!(value("pulse_job_failed_total"), 2.0);
+    assert_eq!(value("pulse_job_retried_total"), 1.0);
+    assert_eq!(value("pulse_job_dead_lettered_total"), 1.0);
+    assert_eq!(value("pulse_job_pending"), 0.0);
+    assert_eq!(value("pulse_job_lag"), 2.0);
 }
