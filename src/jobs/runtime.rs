@@ -98,10 +98,13 @@ impl JobRuntime {
         let mut ready = false;
         let mut last_trim: Option<Instant> = None;
         while !shutdown.is_cancelled() {
+            // After a Redis error, wait a backoff rather than a poll: the error is logged each time.
+            let mut pause = self.settings.poll;
             if !ready {
                 match streams::create_groups(&self.redis, spec).await {
                     Ok(()) => ready = true,
                     Err(err) => {
+                        pause = self.settings.backoff;
                         tracing::warn!(job = spec.name, error = %err, "cannot create the job's consumer groups; retrying")
                     }
                 }
@@ -112,6 +115,7 @@ impl JobRuntime {
                     Err(err) => {
                         // A Redis that restarted empty has lost the groups with the streams.
                         ready = err.code() != Some("NOGROUP");
+                        pause = self.settings.backoff;
                         tracing::warn!(job = spec.name, error = %err, "job round failed; retrying");
                         0
                     }
@@ -127,7 +131,7 @@ impl JobRuntime {
             }
             if handled == 0 {
                 tokio::select! {
-                    _ = tokio::time::sleep(self.settings.poll) => {}
+                    _ = tokio::time::sleep(pause) => {}
                     _ = shutdown.cancelled() => {}
                 }
             }
@@ -258,6 +262,7 @@ impl JobRuntime {
 
     /// Hands `entries` to the job as one batch; if it fails, one by one. Acknowledges what
     /// succeeded; a failure stays pending for a retry, or goes to the dead letters.
+    #[tracing::instrument(skip_all, fields(job = job.spec().name, shard, entries = entries.len()))]
     async fn process(&self, job: &dyn Job, shard: u32, entries: Vec<Entry>) -> RedisResult<()> {
         match job.handle(&entries).await {
             Ok(()) => self.ack(job.spec(), shard, &entries).await,
@@ -276,6 +281,7 @@ impl JobRuntime {
         }
     }
 
+    #[tracing::instrument(skip_all, fields(job = spec.name, shard, entries = entries.len()))]
     async fn ack(&self, spec: JobSpec, shard: u32, entries: &[Entry]) -> RedisResult<()> {
         let stream = spec.keys(&self.redis, shard).stream();
         let ids: Vec<&str> = entries.iter().map(|entry| entry.id.as_str()).collect();
@@ -288,6 +294,7 @@ impl JobRuntime {
 
     /// Leaves a failed entry pending for a retry, or, after its last allowed delivery, moves it
     /// to the dead letters with its error and acknowledges it, in one transaction.
+    #[tracing::instrument(skip_all, fields(job = spec.name, entry.id = %entry.id))]
     async fn failed(&self, spec: JobSpec, entry: &Entry, err: &anyhow::Error) -> RedisResult<()> {
         metrics::counter!("pulse_job_failed_total", "job" => spec.name).increment(1);
         let error = format!("{err:#}");
