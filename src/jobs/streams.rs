@@ -83,6 +83,8 @@ pub async fn status(redis: &Redis, spec: JobSpec) -> RedisResult<Vec<StreamStatu
         let length: u64 = conn.xlen(&stream).await?;
         let dead: u64 = conn.xlen(keys.dead()).await?;
         let (pending, lag) = match group(redis, spec, &stream).await? {
+            // Redis cannot always tell the lag (after deletions in the undelivered part); the
+            // length is then its upper bound.
             Some(group) => (
                 group.pending as u64,
                 group.lag.map_or(length, |lag| lag as u64),
