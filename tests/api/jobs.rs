@@ -451,10 +451,21 @@ async fn a_consumer_killed_mid_batch_has_its_entries_reclaimed_and_applied_exact
                 .unwrap();
         }
     }
+    // The child takes a first batch from whichever shard it reads first, with however many
+    // entries were there by then, and blocks in its handler with them.
+    let held_by_child = || async {
+        let mut held = 0;
+        for shard in 0..JOB.shards {
+            let consumers = consumers(&redis, shard).await;
+            held += consumers.get(&child_name).copied().unwrap_or(0);
+        }
+        held as i64
+    };
     wait_for("the child to hold a batch", || async {
-        consumers(&redis, 0).await.get(&child_name) == Some(&PER_SHARD)
+        held_by_child().await > 0
     })
     .await;
+    let held = held_by_child().await;
     child.kill().await.unwrap();
     lock.release().await;
 
@@ -488,21 +499,13 @@ async fn a_consumer_killed_mid_batch_has_its_entries_reclaimed_and_applied_exact
         "an entry was handled twice"
     );
     assert_eq!(
-        count(
-            &db,
-            "SELECT COUNT(*) FROM job_applied WHERE deliveries = 2 AND entry LIKE '0/%'"
-        )
-        .await,
-        PER_SHARD as i64,
+        count(&db, "SELECT COUNT(*) FROM job_applied WHERE deliveries = 2").await,
+        held,
         "the killed child's entries were not reclaimed from it"
     );
     assert_eq!(
-        count(
-            &db,
-            "SELECT COUNT(*) FROM job_applied WHERE deliveries = 1 AND entry LIKE '1/%'"
-        )
-        .await,
-        PER_SHARD as i64
+        count(&db, "SELECT COUNT(*) FROM job_applied WHERE deliveries = 1").await,
+        2 * PER_SHARD as i64 - held
     );
 }
 
