@@ -27,7 +27,8 @@ pub struct JobSettings {
     pub max_backoff: Duration,
     /// Pause after a round that found nothing to do.
     pub poll: Duration,
-    /// How often the consumer trims the job's streams and refreshes its gauges.
+    /// How often the consumer trims the job's streams, refreshes its gauges and forgets the
+    /// consumers (stopped processes) that have held nothing for longer than the lease.
     pub trim_every: Duration,
 }
 
@@ -127,6 +128,11 @@ impl JobRuntime {
                 last_trim = Some(Instant::now());
                 if let Err(err) = streams::trim(&self.redis, spec).await {
                     tracing::warn!(job = spec.name, error = %err, "cannot trim the job's streams");
+                }
+                let forgotten =
+                    streams::forget_idle_consumers(&self.redis, spec, self.settings.lease).await;
+                if let Err(err) = forgotten {
+                    tracing::warn!(job = spec.name, error = %err, "cannot forget stopped consumers");
                 }
             }
             if handled == 0 {

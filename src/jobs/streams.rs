@@ -2,6 +2,7 @@
 //! `pulse jobs status` and `pulse jobs retry-dead` do.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::streams::{StreamInfoGroup, StreamInfoGroupsReply, StreamPendingReply};
 use redis::{AsyncCommands as _, RedisResult, Script};
@@ -16,6 +17,9 @@ const RETRY_DEAD_CHUNK: usize = 100;
 /// Dead letters back onto their stream: see `lua/job_retry_dead.lua`.
 static RETRY_DEAD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/job_retry_dead.lua")));
+/// Stopped consumers out of a group: see `lua/job_forget_consumers.lua`.
+static FORGET_CONSUMERS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/job_forget_consumers.lua")));
 
 /// One shard stream as `pulse jobs status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,6 +169,32 @@ pub async fn trim(redis: &Redis, spec: JobSpec) -> RedisResult<u64> {
     metrics::gauge!("pulse_job_pending", "job" => spec.name).set(pending as f64);
     metrics::gauge!("pulse_job_lag", "job" => spec.name).set(lag as f64);
     Ok(removed)
+}
+
+/// Forgets the consumers of the job's group that hold nothing and have been idle longer than
+/// `idle`; returns how many.
+#[tracing::instrument(skip_all, fields(job = spec.name))]
+pub(super) async fn forget_idle_consumers(
+    redis: &Redis,
+    spec: JobSpec,
+    idle: Duration,
+) -> RedisResult<u64> {
+    let mut conn = redis.conn.clone();
+    let mut forgotten = 0;
+    for shard in 0..spec.shards {
+        let stream = spec.keys(redis, shard).stream();
+        if group(redis, spec, &stream).await?.is_none() {
+            continue;
+        }
+        let count: u64 = FORGET_CONSUMERS
+            .key(stream)
+            .arg(spec.name)
+            .arg(idle.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        forgotten += count;
+    }
+    Ok(forgotten)
 }
 
 /// The smallest stream id after `id` (`<ms>-<seq>`).

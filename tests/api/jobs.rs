@@ -490,6 +490,14 @@ async fn a_consumer_killed_mid_batch_has_its_entries_reclaimed_and_applied_exact
             && totals(&redis).await.pending == 0
     })
     .await;
+    wait_for("the killed child's name to leave the group", || async {
+        let mut listed = false;
+        for shard in 0..JOB.shards {
+            listed |= consumers(&redis, shard).await.contains_key(&child_name);
+        }
+        !listed
+    })
+    .await;
     stop.cancel();
     running.await.unwrap();
 
