@@ -1,11 +1,11 @@
-//! One-shot commands: `migrate`, `seed-demo`, `rebuild`, `admin`.
+//! One-shot commands: `migrate`, `seed-demo`, `rebuild`, `admin`, `jobs`.
 
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
 use crate::accounts::service::{Handle, find_by_handle, insert_user, set_admin};
 use crate::app::Backends;
 use crate::articles::service::insert_article;
-use crate::config::{AdminAction, Command, Config, RebuildTarget};
+use crate::config::{AdminAction, Command, Config, JobsAction, RebuildTarget};
 use crate::entities::articles;
 
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
@@ -20,6 +20,7 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         }
         Command::SeedDemo => seed_demo(&backends).await,
         Command::Admin { action } => admin(&backends, action).await,
+        Command::Jobs { action } => jobs(&backends, action).await,
         Command::Rebuild {
             target: RebuildTarget::Views,
         } => rebuild_views(&backends).await,
@@ -80,5 +81,38 @@ async fn admin(backends: &Backends, action: AdminAction) -> anyhow::Result<()> {
         user.handle,
         if is_admin { "now" } else { "no longer" }
     );
+    Ok(())
+}
+
+async fn jobs(backends: &Backends, action: JobsAction) -> anyhow::Result<()> {
+    let redis = &backends.redis;
+    match action {
+        JobsAction::Status => {
+            if crate::jobs::REGISTRY.is_empty() {
+                println!("no jobs registered");
+            }
+            for spec in crate::jobs::REGISTRY {
+                for stream in crate::jobs::status(redis, *spec).await? {
+                    println!(
+                        "{} {}: length {}, pending {}, lag {}, dead letters {}",
+                        spec.name,
+                        stream.stream,
+                        stream.length,
+                        stream.pending,
+                        stream.lag,
+                        stream.dead
+                    );
+                }
+            }
+        }
+        JobsAction::RetryDead { job } => {
+            let Some(spec) = crate::jobs::registered(&job) else {
+                let known: Vec<&str> = crate::jobs::REGISTRY.iter().map(|spec| spec.name).collect();
+                anyhow::bail!("no job named {job:?}; registered jobs: {known:?}");
+            };
+            let moved = crate::jobs::retry_dead(redis, spec).await?;
+            println!("put {moved} dead letters of {job} back onto its streams");
+        }
+    }
     Ok(())
 }

@@ -41,6 +41,19 @@ pub enum Command {
         #[command(subcommand)]
         action: AdminAction,
     },
+    /// Inspect the background jobs' streams, or retry their dead letters.
+    Jobs {
+        #[command(subcommand)]
+        action: JobsAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsAction {
+    /// Per stream of every job: length, pending, lag and dead letters.
+    Status,
+    /// Put a job's dead letters back onto its streams.
+    RetryDead { job: String },
 }
 
 #[derive(Debug, Subcommand)]

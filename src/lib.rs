@@ -12,6 +12,7 @@ pub mod entities;
 pub mod error;
 pub mod graphql;
 pub mod http;
+pub mod jobs;
 pub mod pagination;
 pub mod realtime;
 pub mod redis;

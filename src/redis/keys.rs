@@ -173,3 +173,69 @@ mod tests {
         assert_eq!(key, "p:ratelimit:auth:{ip:::1}");
     }
 }
+
+// Jobs: the streams of the durable job runtime (`src/jobs/`).
+
+impl Keys {
+    /// The keys of shard `shard` of job `job`, whose shards carry the hash tag `{<tag>:<shard>}`.
+    /// See [`JobShardKeys`].
+    pub fn job_shard<'a>(&'a self, job: &'a str, tag: &'a str, shard: u32) -> JobShardKeys<'a> {
+        JobShardKeys {
+            keys: self,
+            job,
+            tag,
+            shard,
+        }
+    }
+}
+
+/// One shard of a job: its stream and its dead letters carry the domain's own shard hash tag (a
+/// job of the views domain would use `{v:N}`), so a domain script can append an event to the
+/// stream of the shard it writes in, single-slot, and moving dead letters back is single-slot too.
+pub struct JobShardKeys<'a> {
+    keys: &'a Keys,
+    job: &'a str,
+    tag: &'a str,
+    shard: u32,
+}
+
+impl JobShardKeys<'_> {
+    fn key(&self, name: &str) -> String {
+        format!(
+            "{}job:{}:{name}:{{{}:{}}}",
+            self.keys.prefix, self.job, self.tag, self.shard
+        )
+    }
+
+    /// Stream of the job's entries on this shard, read by the consumer group named after the job.
+    pub fn stream(&self) -> String {
+        self.key("stream")
+    }
+
+    /// Stream of the entries that failed every delivery, each with its error and original id.
+    pub fn dead(&self) -> String {
+        self.key("dead")
+    }
+}
+
+#[cfg(test)]
+mod job_key_tests {
+    use super::*;
+
+    #[test]
+    fn a_job_shards_stream_and_dead_letters_share_the_domains_hash_tag() {
+        let keys = Keys::new("p:");
+        let shard = keys.job_shard("likes", "l", 3);
+        for key in [shard.stream(), shard.dead()] {
+            assert!(key.starts_with("p:"), "{key} lacks the prefix");
+            assert_eq!(
+                key.matches('{').count(),
+                1,
+                "{key} has more than one hash tag"
+            );
+            assert!(key.ends_with("{l:3}"), "{key} is not in shard 3 of likes");
+        }
+        assert_ne!(shard.stream(), keys.job_shard("likes", "l", 4).stream());
+        assert_ne!(shard.stream(), keys.job_shard("votes", "l", 3).stream());
+    }
+}

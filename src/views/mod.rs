@@ -9,18 +9,18 @@
 //!
 //! A Redis that comes back older than SQL (an old snapshot or AOF, a promoted replica) never makes
 //! a view count twice: flush sequences tell it apart and the flusher repairs the shard before its
-//! next batch (see [`worker`]). Views counted after such a restart and before the repair (one flush
+//! next batch (see [`flush`]). Views counted after such a restart and before the repair (one flush
 //! interval at most, or the flush lease when the snapshot held a batch in flight) on an article
 //! flushed after the snapshot are lost: they cannot be told from the stale pending views dropped
 //! with them.
 
 pub mod buckets;
 pub mod crawler;
+pub mod flush;
 pub mod graphql;
 pub mod loader;
 pub mod rebuild;
 pub mod service;
-pub mod worker;
 
+pub use flush::ViewFlusher;
 pub use service::ViewService;
-pub use worker::ViewFlusher;

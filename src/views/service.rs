@@ -104,6 +104,7 @@ impl ViewService {
         })
     }
 
+    #[tracing::instrument(skip_all, fields(article.id = article, count))]
     async fn run_record(
         &self,
         article: i64,
@@ -134,6 +135,7 @@ impl ViewService {
             .await?)
     }
 
+    #[tracing::instrument(skip_all, fields(article.id = article))]
     async fn sql_view_count(&self, article: i64) -> AppResult<Option<i64>> {
         let query = articles::Entity::find_by_id(article)
             .select_only()
@@ -142,6 +144,7 @@ impl ViewService {
     }
 
     /// Live view state of many articles in one pipelined round trip.
+    #[tracing::instrument(skip_all, fields(articles = articles.len()))]
     pub async fn live(&self, articles: &[i64]) -> AppResult<HashMap<i64, LiveViews>> {
         let mut pipe = redis::pipe();
         for &article in articles {
@@ -168,6 +171,7 @@ impl ViewService {
 
     /// The most viewed articles in a window, best first: `(article, views)`. Each shard ranks its
     /// own articles; the overall top `first` is among the shards' tops, merged here.
+    #[tracing::instrument(skip_all, fields(window = ?window, first))]
     pub async fn top(&self, window: RankingWindow, first: usize) -> AppResult<Vec<(i64, f64)>> {
         if first == 0 {
             return Ok(Vec::new());

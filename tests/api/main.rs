@@ -5,6 +5,7 @@ mod articles;
 mod connections;
 mod crash;
 mod helpers;
+mod jobs;
 mod limits;
 mod ops;
 mod rollback;

@@ -1,5 +1,9 @@
 //! The view flusher: moves pending view counts from Redis to `articles.view_count`, exactly once.
 //!
+//! A background job in the one-file-per-job shape of [`crate::jobs`], with a protocol of its own
+//! rather than a stream: pending views are counters that merge in a hash (a thousand views of one
+//! article are one delta), where a stream would hold, and SQL apply, one entry per view.
+//!
 //! Per shard, one flush is three steps:
 //! 1. take: a script copies the pending deltas into an in-flight batch with a fresh id and a lease
 //!    (pending keeps them, so live totals never dip);
@@ -31,13 +35,13 @@ use std::time::{Duration, Instant};
 use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait as _};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, DatabaseTransaction,
-    EntityTrait, QueryFilter, QuerySelect, SqlErr, TransactionTrait,
+    EntityTrait, QueryFilter, QuerySelect, TransactionTrait,
 };
 use tokio_util::sync::CancellationToken;
 
 use super::rebuild::{self, Caches};
 use crate::entities::{articles, view_flush_batches, view_flush_shards};
-use crate::error::{AppError, AppResult};
+use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
 use crate::redis::Redis;
 use crate::redis::keys::VIEW_SHARDS;
 
@@ -144,6 +148,7 @@ impl ViewFlusher {
 
     /// One pass over every shard. A failing shard does not stop the others; the first error is
     /// returned after the pass.
+    #[tracing::instrument(skip_all)]
     pub async fn flush_all(&self) -> AppResult<FlushReport> {
         let mut report = FlushReport::default();
         let mut first_error = None;
@@ -161,6 +166,7 @@ impl ViewFlusher {
     }
 
     /// `sql_seq` is the shard's last committed sequence as SQL had it at the start of the pass.
+    #[tracing::instrument(skip_all, fields(shard))]
     async fn flush_shard(
         &self,
         shard: u32,
@@ -205,6 +211,7 @@ impl ViewFlusher {
     /// Every shard's last committed sequence in SQL, in one query. Creates the rows of shards that
     /// have none yet (0), outside any commit: a commit then only updates an existing row, which
     /// MariaDB locks alone, rather than inserting into a gap that concurrent commits also lock.
+    #[tracing::instrument(skip_all)]
     async fn sql_seqs(&self) -> AppResult<HashMap<u32, i64>> {
         let rows: Vec<(i32, i64)> = view_flush_shards::Entity::find()
             .select_only()
@@ -222,21 +229,18 @@ impl ViewFlusher {
                 shard: Set(shard as i32),
                 last_seq: Set(0),
             };
-            if let Err(err) = view_flush_shards::Entity::insert(first)
+            // A duplicate means another flusher created the row meanwhile: at 0, or past it,
+            // which the commit's own check catches.
+            view_flush_shards::Entity::insert(first)
                 .exec_without_returning(&self.db)
                 .await
-            {
-                // Another flusher created it meanwhile: at 0, or past it, which the commit's
-                // own check catches.
-                if !matches!(err.sql_err(), Some(SqlErr::UniqueConstraintViolation(_))) {
-                    return Err(err.into());
-                }
-            }
+                .or_duplicate()?;
         }
         Ok(seqs)
     }
 
     /// One shard's last committed sequence in SQL.
+    #[tracing::instrument(skip_all, fields(shard))]
     async fn sql_seq(&self, shard: u32) -> AppResult<i64> {
         Ok(view_flush_shards::Entity::find_by_id(shard as i32)
             .select_only()
@@ -248,6 +252,7 @@ impl ViewFlusher {
     }
 
     /// Step 1.
+    #[tracing::instrument(skip_all, fields(shard, sql.seq = sql_seq))]
     async fn take(&self, shard: u32, sql_seq: i64) -> AppResult<Taken> {
         let keys = self.redis.keys.view_shard_by_index(shard);
         let new_id = format!("v{shard}-{:032x}", rand::random::<u128>());
@@ -299,6 +304,7 @@ impl ViewFlusher {
     }
 
     /// Step 2: applies the batch to SQL once, unless SQL has passed its sequence.
+    #[tracing::instrument(skip_all, fields(shard, batch.id = %batch.id, batch.seq = batch.seq))]
     async fn commit(&self, shard: u32, batch: &Batch) -> AppResult<Committed> {
         let ids: Vec<i64> = batch.deltas.iter().map(|(article, _)| *article).collect();
         let txn = self.db.begin().await?;
@@ -310,15 +316,10 @@ impl ViewFlusher {
             views: Set(batch.deltas.iter().map(|(_, views)| views).sum()),
             applied_at: Set(crate::db::now()),
         };
-        if let Err(err) = marker.insert(&txn).await {
-            return match err.sql_err() {
-                Some(SqlErr::UniqueConstraintViolation(_)) => {
-                    tracing::info!(batch.id = %batch.id, "view batch was applied before; not applying it again");
-                    drop(txn);
-                    Ok(Committed::Applied(self.view_counts(&self.db, &ids).await?))
-                }
-                _ => Err(err.into()),
-            };
+        if let Unique::Duplicate = marker.insert(&txn).await.or_duplicate()? {
+            tracing::info!(batch.id = %batch.id, "view batch was applied before; not applying it again");
+            drop(txn);
+            return Ok(Committed::Applied(self.view_counts(&self.db, &ids).await?));
         }
         if !advance_seq(&txn, shard, batch.seq).await? {
             drop(txn);
@@ -355,6 +356,7 @@ impl ViewFlusher {
     /// SQL: see `lua/view_flush_repair.lua`. `expected_seq` is the sequence the shard's key must
     /// still hold and `discard` the caller's own batch that SQL refused, so that a repair racing
     /// another one, or a take, changes nothing.
+    #[tracing::instrument(skip_all, fields(shard, redis.seq = redis_seq))]
     async fn repair(
         &self,
         shard: u32,
@@ -416,6 +418,7 @@ impl ViewFlusher {
     }
 
     /// `(article, view_count)` of those of `ids` that a batch after `seq` flushed.
+    #[tracing::instrument(skip_all, fields(articles = ids.len(), seq))]
     async fn flushed_since(&self, ids: &[i64], seq: i64) -> AppResult<Vec<(i64, i64)>> {
         let mut flushed = Vec::new();
         for chunk in ids.chunks(UPDATE_CHUNK) {
@@ -433,6 +436,7 @@ impl ViewFlusher {
         Ok(flushed)
     }
 
+    #[tracing::instrument(skip_all, fields(articles = ids.len()))]
     async fn view_counts(
         &self,
         conn: &impl sea_orm::ConnectionTrait,
@@ -454,6 +458,7 @@ impl ViewFlusher {
     }
 
     /// Step 3.
+    #[tracing::instrument(skip_all, fields(shard, batch.id = %batch.id))]
     async fn clear(
         &self,
         shard: u32,
@@ -481,6 +486,7 @@ impl ViewFlusher {
         Ok(())
     }
 
+    #[tracing::instrument(skip_all)]
     async fn prune_batch_ids(&self) -> AppResult<u64> {
         let cutoff = crate::db::now() - BATCH_ID_RETENTION;
         let result = view_flush_batches::Entity::delete_many()
@@ -493,6 +499,7 @@ impl ViewFlusher {
 
 /// Records `seq` as the shard's last committed sequence, provided SQL has not passed it. The row
 /// exists: the pass created it before taking anything.
+#[tracing::instrument(skip_all, fields(shard, seq))]
 async fn advance_seq(txn: &DatabaseTransaction, shard: u32, seq: i64) -> AppResult<bool> {
     let advanced = view_flush_shards::Entity::update_many()
         .col_expr(view_flush_shards::Column::LastSeq, Expr::value(seq))

@@ -1,0 +1,92 @@
+//! Durable background jobs on Redis Streams: one file per job, one runtime for all of them.
+//!
+//! A job is a [`JobSpec`] (its name and how many shard streams it reads) and an idempotent
+//! [`Job::handle`] over a batch of [`Entry`]s. Producers append entries to a shard's stream
+//! ([`enqueue`], or `XADD` inside a Lua script whose keys share the shard's hash tag); the
+//! [`JobRuntime`] reads them through a consumer group named after the job.
+//!
+//! Truth: an entry is in its stream until the group has acknowledged it, and it is acknowledged
+//! only after the handler returned `Ok`, that is after the handler's SQL transaction committed.
+//! Delivery is therefore at-least-once: a consumer that dies between its commit and its `XACK`
+//! gets the entry delivered again, so handlers must be idempotent (by entry id, or by a key in the
+//! entry). Nothing is lost while Redis keeps its data: entries a dead consumer held are reclaimed
+//! once its lease runs out, a failing entry is retried with backoff and, after
+//! [`JobSettings::max_deliveries`], parked on the shard's dead-letter stream with its error until
+//! `pulse jobs retry-dead <job>` puts it back; trimming removes only acknowledged entries.
+//!
+//! Why our own runtime: crates weighed (November 2026) were `apalis` + `apalis-redis` (its queue is
+//! Redis lists and sorted sets driven by its own Lua scripts, not streams: no consumer groups, no
+//! way for one of our scripts to append an event in its own hash slot, and jobs are serialized
+//! task structs acknowledged by the framework, not after our SQL commit), `rsmq_async` (RSMQ, a
+//! sorted-set queue with visibility timeouts: no streams, no dead letters), and the stream
+//! helpers of `redis` itself (typed replies for `XREADGROUP`, `XPENDING`, `XCLAIM`, `XINFO`,
+//! which this runtime uses). None offered consumer groups with a lease, per-entry backoff, dead
+//! letters and trimming below the oldest unacknowledged entry over several hash-tagged shard
+//! streams; the runtime is the few hundred lines that do, on the `redis` crate we already use.
+
+mod runtime;
+mod streams;
+
+use std::collections::HashMap;
+
+use crate::redis::Redis;
+use crate::redis::keys::JobShardKeys;
+
+pub use runtime::{JobRuntime, JobSettings};
+pub use streams::{StreamStatus, enqueue, retry_dead, status, trim};
+
+/// What a job is called and where its entries live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    /// Names the consumer group, the metrics' `job` label and the keys (no braces).
+    pub name: &'static str,
+    /// Shard streams the job reads: `0..shards`.
+    pub shards: u32,
+    /// Shard `N`'s keys carry the hash tag `{<tag>:N}`: the domain's own shard tag, so that the
+    /// domain's scripts can append to the stream of the shard they write in.
+    pub tag: &'static str,
+}
+
+impl JobSpec {
+    pub(crate) fn keys(self, redis: &Redis, shard: u32) -> JobShardKeys<'_> {
+        redis.keys.job_shard(self.name, self.tag, shard)
+    }
+}
+
+/// Every job the binary runs, for `pulse jobs status` and `pulse jobs retry-dead`. A domain adds
+/// its job's `SPEC` here when it adds the job.
+pub const REGISTRY: &[JobSpec] = &[];
+
+/// A job from [`REGISTRY`] by name.
+pub fn registered(name: &str) -> Option<JobSpec> {
+    REGISTRY.iter().copied().find(|spec| spec.name == name)
+}
+
+/// One stream entry as a handler sees it.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The shard stream the entry came from.
+    pub shard: u32,
+    /// The stream id (`<ms>-<seq>`), unique within the shard: a natural idempotency key.
+    pub id: String,
+    pub fields: HashMap<String, String>,
+    /// How many times the entry has been delivered, this delivery included.
+    pub deliveries: u64,
+}
+
+impl Entry {
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).map(String::as_str)
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Job: Send + Sync + 'static {
+    fn spec(&self) -> JobSpec;
+
+    /// Applies a batch of entries from one shard, all or nothing (one SQL transaction), and
+    /// idempotently: an entry may come again after a crash between the commit and the
+    /// acknowledgement. An error fails the batch; the runtime then retries its entries one by
+    /// one, so that one bad entry does not hold the others back.
+    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()>;
+}
