@@ -169,6 +169,13 @@ async fn running_server(dir: &Path) -> Option<String> {
 
 async fn start_server(server_binary: &Path, dir: &Path) -> anyhow::Result<String> {
     let port = free_port()?;
+    // Not this process's stderr: the server outlives it, and would hold a pipe read by whoever
+    // started this process open until the server exits.
+    let early_errors = File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("redis.log"))
+        .context("cannot open redis.log")?;
     let child = Command::new(server_binary)
         .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
         .arg("--dir")
@@ -179,7 +186,7 @@ async fn start_server(server_binary: &Path, dir: &Path) -> anyhow::Result<String
         .args(["--daemonize", "no", "--logfile", "redis.log"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(early_errors)
         .process_group(0)
         .spawn();
     let mut child = match child {

@@ -8,7 +8,7 @@ use pulse::graphql::ids::{self, NodeType};
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
 use serde_json::{Value, json};
 
-use crate::helpers::{PASSWORD, TestApp, test_config};
+use crate::helpers::{PASSWORD, TestApp, pulse_command, test_config};
 
 const VIEWS: usize = 50;
 
@@ -49,7 +49,7 @@ impl SqlLock {
 
 /// The real `pulse` binary, configured like `config`, as a separate process that can be killed.
 async fn spawn_server_process(config: &Config, port: u16) -> tokio::process::Child {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pulse"))
+    let child = pulse_command()
         .arg("serve")
         .env("DATABASE_URL", config.database_url())
         .env("REDIS_URL", config.redis_url.as_deref().unwrap())

@@ -40,6 +40,22 @@ fn init_test_logging() {
     });
 }
 
+/// The real `pulse` binary, with none of this shell's Pulse settings (`PULSE_*` but `PULSE_TEST_*`,
+/// `DATABASE_URL`, `REDIS_URL`): the test sets what the process gets.
+pub fn pulse_command() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_pulse"));
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if (name.starts_with("PULSE_") && !name.starts_with("PULSE_TEST_"))
+            || name == "DATABASE_URL"
+            || name == "REDIS_URL"
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
+    command
+}
+
 /// A `redis-server` of the test's own in a fresh directory, for tests that stop it or disturb
 /// every client of it.
 pub async fn private_redis() -> pulse::redis::embedded::PrivateRedis {

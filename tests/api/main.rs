@@ -7,6 +7,7 @@ mod crash;
 mod helpers;
 mod limits;
 mod ops;
+mod private_redis;
 mod rollback;
 mod sql_input;
 mod subscriptions;
