@@ -41,9 +41,10 @@ fn init_test_logging() {
 }
 
 /// The real `pulse` binary, with none of this shell's Pulse settings (`PULSE_*` but `PULSE_TEST_*`,
-/// `DATABASE_URL`, `REDIS_URL`): the test sets what the process gets.
+/// `DATABASE_URL`, `REDIS_URL`, a `.env` in the checkout): the test sets what the process gets.
 pub fn pulse_command() -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_pulse"));
+    command.current_dir(std::env::temp_dir());
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
         if (name.starts_with("PULSE_") && !name.starts_with("PULSE_TEST_"))
