@@ -74,13 +74,17 @@ pub async fn app_on_a_private_redis() -> (TestApp, pulse::redis::embedded::Priva
     (app, private)
 }
 
+/// A new PostgreSQL or MariaDB database name. `scripts/test-all.sh` sets PULSE_TEST_RUN and drops
+/// this run's `pulse_t_<run>_*` databases after each backend.
+pub fn database_name() -> String {
+    let run = std::env::var("PULSE_TEST_RUN").unwrap_or_default();
+    format!("pulse_t_{run}_{}", unique_suffix())
+}
+
 /// A fresh, empty database on the backend under test.
 pub async fn fresh_database_url(data_dir: &std::path::Path) -> String {
     let backend = std::env::var("PULSE_TEST_DATABASE").unwrap_or_else(|_| "sqlite".into());
-    // `scripts/test-all.sh` sets PULSE_TEST_RUN and drops this run's `pulse_t_<run>_*` databases
-    // after each backend.
-    let run = std::env::var("PULSE_TEST_RUN").unwrap_or_default();
-    let name = format!("pulse_t_{run}_{}", unique_suffix());
+    let name = database_name();
     let admin_url = match backend.as_str() {
         "sqlite" => {
             return format!(
