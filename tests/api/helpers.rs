@@ -60,6 +60,7 @@ pub fn pulse_command() -> tokio::process::Command {
 /// A `redis-server` of the test's own in a fresh directory, for tests that stop it or disturb
 /// every client of it.
 pub async fn private_redis() -> pulse::redis::embedded::PrivateRedis {
+    init_test_logging();
     let dir = std::env::temp_dir().join(format!("pulse-private-redis-{}", unique_suffix()));
     pulse::redis::embedded::find_or_start(std::path::Path::new("redis-server"), &dir)
         .await
