@@ -12,17 +12,14 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# The tests start the app from `Config::defaults()`, which reads the environment: keep this shell's
-# Pulse settings (a DATABASE_URL, PULSE_DEV=1, ...) out of them. PULSE_TEST_* stay.
-for name in DATABASE_URL REDIS_URL $(compgen -e | grep '^PULSE_' | grep -v '^PULSE_TEST_' || true); do
-    unset "$name"
-done
-
 # The tests wait on I/O far more than on the CPU: run more of them than there are cores.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-8}"
 export PULSE_TEST_POSTGRES_URL="${PULSE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export PULSE_TEST_MYSQL_URL="${PULSE_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export PULSE_TEST_REDIS_URL="${PULSE_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+# The tests name their databases pulse_t_<run>_<random>: this run's are dropped after each backend,
+# and no one else's.
+export PULSE_TEST_RUN="${PULSE_TEST_RUN:-$(date +%s)$$}"
 
 if [[ $# -gt 0 ]]; then
     backends=("$@")
@@ -101,6 +98,33 @@ drop_leftover_mysql() {
     [[ -z $names ]] || echo "dropped leftover MariaDB test databases: $(echo "$names" | wc -w)"
 }
 
+# This run's databases, once its tests are over (none of them is in use any more).
+drop_this_runs_postgres() {
+    have psql || return 0
+    local names name
+    names=$(PGCONNECT_TIMEOUT=5 psql "$PULSE_TEST_POSTGRES_URL" -Atc \
+        "select datname from pg_database where datname like 'pulse\_t\_${PULSE_TEST_RUN}\_%'") || return 0
+    for name in $names; do
+        PGCONNECT_TIMEOUT=5 psql "$PULSE_TEST_POSTGRES_URL" -qAtc "DROP DATABASE IF EXISTS \"$name\" WITH (FORCE)" \
+            >/dev/null || echo "warning: cannot drop PostgreSQL test database $name" >&2
+    done
+    echo "dropped this run's PostgreSQL test databases: $(echo "$names" | wc -w)"
+}
+
+drop_this_runs_mysql() {
+    have mariadb || return 0
+    local names name
+    mysql_args
+    names=$(mariadb "${MYSQL_ARGS[@]}" -N -e \
+        "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'pulse\\_t\\_${PULSE_TEST_RUN}\\_%'") ||
+        return 0
+    for name in $names; do
+        mariadb "${MYSQL_ARGS[@]}" -e "DROP DATABASE IF EXISTS \`$name\`" >/dev/null ||
+            echo "warning: cannot drop MariaDB test database $name" >&2
+    done
+    echo "dropped this run's MariaDB test databases: $(echo "$names" | wc -w)"
+}
+
 # A server that does not answer fails its backend at once, with one clear line instead of a
 # failure per test. Skipped when the client is not installed (the tests will say what is wrong).
 check_server() {
@@ -152,6 +176,11 @@ for backend in "${backends[@]}"; do
                 outcome[$backend]=passed
             else
                 outcome[$backend]=FAILED
+            fi
+            if [[ $backend == postgres ]]; then
+                drop_this_runs_postgres
+            else
+                drop_this_runs_mysql
             fi
             ;;
     esac

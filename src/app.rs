@@ -72,6 +72,7 @@ impl Backends {
         crate::db::migrate(&db).await?;
         let redis_location = embedded::locate(
             config.redis_url.as_deref(),
+            config.redis_probe,
             &config.redis_server,
             &config.data_dir,
         )

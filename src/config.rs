@@ -80,9 +80,19 @@ pub struct Config {
     #[arg(long, global = true, env = "PULSE_SQLITE_BUSY_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
     pub sqlite_busy_timeout: Duration,
 
-    /// Redis URL. Unset: use 127.0.0.1:6379 when it answers, else start a private redis-server.
+    /// Redis URL. Unset: use the Redis at PULSE_REDIS_PROBE when it answers, else the private
+    /// redis-server of the data dir (started if none runs).
     #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// Where to look for a local Redis when REDIS_URL is unset, before using a private one.
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_REDIS_PROBE",
+        default_value = "127.0.0.1:6379"
+    )]
+    pub redis_probe: SocketAddr,
 
     /// Prefix of every Redis key, so several deployments (or tests) can share one Redis.
     #[arg(
@@ -235,7 +245,13 @@ pub struct Config {
 impl Config {
     /// The configuration a process gets with no flags and no environment: what tests start from.
     pub fn defaults() -> Self {
-        Cli::parse_from(["pulse"]).config
+        // Clap reads each setting's environment variable while parsing; a developer's exported
+        // `PULSE_*` must not change what a test starts from, so the variables are detached first.
+        let command = <Cli as clap::CommandFactory>::command().mut_args(|arg| arg.env(None));
+        let matches = command.get_matches_from(["pulse"]);
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+            .expect("the defaults parse")
+            .config
     }
 
     pub fn database_url(&self) -> String {
@@ -330,5 +346,6 @@ mod tests {
         assert_eq!(config.http_body_timeout, Duration::from_secs(30));
         assert_eq!(config.max_connections, 4096);
         assert_eq!(config.ws_init_timeout, Duration::from_secs(10));
+        assert_eq!(config.redis_probe.to_string(), "127.0.0.1:6379");
     }
 }

@@ -162,14 +162,22 @@ mod tests {
     }
 
     #[test]
-    fn truncation_never_splits_a_character() {
-        // 'é' is two bytes; it straddles the 512-byte cut.
-        let ua = format!(
+    fn truncation_keeps_or_drops_a_straddling_character_whole() {
+        // 'é' is two bytes. Ending at byte 512 it is inside the inspected part; straddling the
+        // cut it is dropped whole (slicing inside it would panic).
+        let detector = CrawlerDetector::new(&["xé".to_owned()]).unwrap();
+        let inside = format!(
+            "{}é{}",
+            "x".repeat(MAX_USER_AGENT_BYTES - 2),
+            "y".repeat(100)
+        );
+        assert!(detector.is_crawler(Some(&inside)));
+        let straddling = format!(
             "{}é{}",
             "x".repeat(MAX_USER_AGENT_BYTES - 1),
             "y".repeat(100)
         );
-        assert!(!is_crawler(&ua));
+        assert!(!detector.is_crawler(Some(&straddling)));
     }
 
     #[test]

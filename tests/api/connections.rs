@@ -3,33 +3,16 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
 use crate::helpers::TestApp;
 use crate::subscriptions::{
-    SUBSCRIPTION, Socket, next_message, open_socket, send, subscribed, wait_until_listening,
+    SUBSCRIPTION, close_frame, next_message, open_socket, send, subscribed, wait_until_listening,
 };
 
 const SHORT: Duration = Duration::from_millis(300);
-
-/// The close frame the server ends the socket with, skipping any messages before it.
-async fn close_frame(socket: &mut Socket) -> CloseFrame {
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
-            .await
-            .expect("the server closes the socket within 10 s")
-            .expect("a close frame before the end of the stream")
-            .expect("a clean close, not a cut connection");
-        if let Message::Close(frame) = message {
-            return frame.expect("the close frame has a code");
-        }
-    }
-}
 
 /// Polls `condition` until it holds, for at most 10 s.
 async fn eventually(what: &str, condition: impl Fn() -> bool) {

@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use pulse::config::Config;
 use pulse::graphql::ids::{self, NodeType};
+use pulse::views::ViewFlusher;
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
 use serde_json::{Value, json};
 
-use crate::helpers::{PASSWORD, TestApp, test_config};
+use crate::helpers::{PASSWORD, TestApp, pulse_command, test_config};
 
 const VIEWS: usize = 50;
 
@@ -41,6 +42,43 @@ impl SqlLock {
         Self { conn, release }
     }
 
+    /// Waits until another connection waits for this lock (PostgreSQL and MariaDB list their
+    /// waiters; on SQLite it returns at once).
+    pub(crate) async fn wait_for_a_waiter(&self) {
+        let waiters = match self.conn.get_database_backend() {
+            sea_orm::DbBackend::Sqlite => return,
+            sea_orm::DbBackend::Postgres => {
+                "SELECT COUNT(*) AS n FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                 WHERE NOT l.granted AND c.relname = 'view_flush_batches' \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            }
+            _ => {
+                "SELECT COUNT(*) AS n FROM information_schema.processlist \
+                 WHERE db = DATABASE() AND state LIKE 'Waiting for table%lock'"
+            }
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let row = self
+                .conn
+                .query_one_raw(sea_orm::Statement::from_string(
+                    self.conn.get_database_backend(),
+                    waiters,
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            if row.try_get::<i64>("", "n").unwrap() > 0 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nothing ever waited for the lock"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub(crate) async fn release(self) {
         self.conn.execute_unprepared(self.release).await.unwrap();
         self.conn.close().await.unwrap();
@@ -49,7 +87,7 @@ impl SqlLock {
 
 /// The real `pulse` binary, configured like `config`, as a separate process that can be killed.
 async fn spawn_server_process(config: &Config, port: u16) -> tokio::process::Child {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pulse"))
+    let child = pulse_command()
         .arg("serve")
         .env("DATABASE_URL", config.database_url())
         .env("REDIS_URL", config.redis_url.as_deref().unwrap())
@@ -177,8 +215,9 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
         1,
         "the flusher never took the views"
     );
-    // Give the flusher time to reach the blocked commit, then kill it there.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Kill it once it waits for the lock to commit, where the server can show it (SQLite's wait is
+    // inside the process: there the batch in flight is all there is to see).
+    lock.wait_for_a_waiter().await;
     server.kill().await.unwrap();
     lock.release().await;
     let row = ids::decode(&article.clone().into(), NodeType::Article, "id").unwrap();
@@ -219,8 +258,19 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
     );
     assert_eq!(batches_in_flight(&restarted.config).await, 0);
 
-    // Nothing more arrives later: the views are in SQL once, and Redis holds none of them pending.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Nothing more arrives later: Redis holds none of the views pending, so another flush adds none.
+    let another = ViewFlusher::new(
+        restarted.state.db.clone(),
+        restarted.state.redis.clone(),
+        Duration::from_secs(1),
+    )
+    .flush_all()
+    .await
+    .unwrap();
+    assert_eq!(
+        another.views, 0,
+        "views were still pending after the re-drive"
+    );
     let response = restarted
         .graphql(
             "query($a: ID!) { article(id: $a) { viewCount } }",

@@ -1,7 +1,8 @@
 //! Test harness: every test gets the real app on port 0 with its own database and Redis prefix.
 //!
 //! The SQL backend comes from `PULSE_TEST_DATABASE` (`sqlite`, the default; `postgres`; `mysql`), so
-//! the same suite runs on all three.
+//! the same suite runs on all three. `TEST_LOG=1` shows the servers' logs (filtered by `RUST_LOG`,
+//! default `info`), e.g. `TEST_LOG=1 cargo test -p pulse --test api some_test -- --nocapture`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -22,10 +23,69 @@ fn unique_suffix() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
+/// Installs a log subscriber once per test binary when `TEST_LOG` is set; silent otherwise.
+fn init_test_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            // The test writer goes through the harness's capture, so a passing test stays quiet
+            // unless `--nocapture` is given.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
+/// The real `pulse` binary, with none of this shell's Pulse settings (`PULSE_*` but `PULSE_TEST_*`,
+/// `DATABASE_URL`, `REDIS_URL`, a `.env` in the checkout): the test sets what the process gets.
+pub fn pulse_command() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_pulse"));
+    command.current_dir(std::env::temp_dir());
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if (name.starts_with("PULSE_") && !name.starts_with("PULSE_TEST_"))
+            || name == "DATABASE_URL"
+            || name == "REDIS_URL"
+        {
+            command.env_remove(name.as_ref());
+        }
+    }
+    command
+}
+
+/// A `redis-server` of the test's own in a fresh directory, for tests that stop it or disturb
+/// every client of it.
+pub async fn private_redis() -> pulse::redis::embedded::PrivateRedis {
+    init_test_logging();
+    let dir = std::env::temp_dir().join(format!("pulse-private-redis-{}", unique_suffix()));
+    pulse::redis::embedded::find_or_start(std::path::Path::new("redis-server"), &dir)
+        .await
+        .expect("redis-server is installed on test machines")
+}
+
+/// An app on a private Redis, which the test may stop.
+pub async fn app_on_a_private_redis() -> (TestApp, pulse::redis::embedded::PrivateRedis) {
+    let private = private_redis().await;
+    let url = private.url().to_owned();
+    let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
+    (app, private)
+}
+
+/// A new PostgreSQL or MariaDB database name. `scripts/test-all.sh` sets PULSE_TEST_RUN and drops
+/// this run's `pulse_t_<run>_*` databases after each backend.
+pub fn database_name() -> String {
+    let run = std::env::var("PULSE_TEST_RUN").unwrap_or_default();
+    format!("pulse_t_{run}_{}", unique_suffix())
+}
+
 /// A fresh, empty database on the backend under test.
 pub async fn fresh_database_url(data_dir: &std::path::Path) -> String {
     let backend = std::env::var("PULSE_TEST_DATABASE").unwrap_or_else(|_| "sqlite".into());
-    let name = format!("pulse_t_{}", unique_suffix());
+    let name = database_name();
     let admin_url = match backend.as_str() {
         "sqlite" => {
             return format!(
@@ -95,6 +155,7 @@ impl TestApp {
 
     /// Starts an app on `config` as it is (a restart reuses the same database and prefix).
     pub async fn start(config: Config) -> Self {
+        init_test_logging();
         let app = pulse::App::build(config.clone())
             .await
             .expect("the app builds");

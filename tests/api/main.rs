@@ -8,6 +8,7 @@ mod helpers;
 mod jobs;
 mod limits;
 mod ops;
+mod private_redis;
 mod rollback;
 mod sql_input;
 mod subscriptions;

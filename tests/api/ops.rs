@@ -1,6 +1,6 @@
 use serde_json::json;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, app_on_a_private_redis, private_redis};
 
 #[tokio::test]
 async fn health_and_readiness_answer() {
@@ -129,7 +129,7 @@ async fn shutdown_is_orderly() {
 async fn a_missing_redis_server_binary_is_explained() {
     let dir = std::env::temp_dir().join(format!("pulse-no-redis-{}", rand::random::<u32>()));
     let missing = std::path::Path::new("/nonexistent/redis-server");
-    let err = pulse::redis::embedded::start_private(missing, &dir)
+    let err = pulse::redis::embedded::find_or_start(missing, &dir)
         .await
         .err()
         .expect("it cannot start");
@@ -142,10 +142,7 @@ async fn a_missing_redis_server_binary_is_explained() {
 
 #[tokio::test]
 async fn a_private_redis_server_starts_and_stops() {
-    let dir = std::env::temp_dir().join(format!("pulse-private-redis-{}", rand::random::<u32>()));
-    let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
-        .await
-        .expect("redis-server is installed on test machines");
+    let private = private_redis().await;
     let client = redis::Client::open(private.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let () = redis::cmd("SET")
@@ -155,6 +152,7 @@ async fn a_private_redis_server_starts_and_stops() {
         .await
         .unwrap();
     let address = private.url().trim_start_matches("redis://").to_owned();
+    let dir = private.dir().to_owned();
 
     private.stop().await;
     assert!(
@@ -218,17 +216,6 @@ async fn only_configured_origins_may_call_cross_origin() {
             .get("access-control-allow-origin")
             .is_none()
     );
-}
-
-/// An app on a Redis of its own, which the test may stop.
-async fn app_on_a_private_redis() -> (TestApp, pulse::redis::embedded::PrivateRedis) {
-    let dir = std::env::temp_dir().join(format!("pulse-private-redis-{}", rand::random::<u32>()));
-    let private = pulse::redis::embedded::start_private(std::path::Path::new("redis-server"), &dir)
-        .await
-        .expect("redis-server is installed on test machines");
-    let url = private.url().to_owned();
-    let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
-    (app, private)
 }
 
 #[tokio::test]

@@ -144,7 +144,7 @@ async fn a_latin1_mysql_database_is_converted_so_emoji_round_trip() {
     }
     let url = probe.config.database_url();
     let (server, _) = url.rsplit_once('/').unwrap();
-    let name = format!("pulse_t_latin1_{:08x}", rand::random::<u32>());
+    let name = crate::helpers::database_name();
     probe
         .state
         .db
