@@ -85,7 +85,7 @@ impl Backends {
         })
     }
 
-    /// Stops a private redis-server, if this process started one.
+    /// Leaves the private redis-server, if one is in use, stopping it when this process is its last user.
     pub async fn close(self) {
         if let RedisLocation::Private(private) = self.redis_location {
             private.stop().await;
