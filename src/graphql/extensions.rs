@@ -193,14 +193,27 @@ impl Extension for OperationMetricsExtension {
     }
 }
 
+/// Documents kept parsed; past this the cache starts over (the operations in use come back at once).
+const MAX_CACHED_DOCUMENTS: usize = 512;
+/// Longer documents are parsed every time, so the cache's memory stays bounded.
+const MAX_CACHED_QUERY_BYTES: usize = 8 * 1024;
+
 /// Refuses, with `BAD_USER_INPUT`, documents nested too deep to parse safely and documents too
-/// large once their fragments are spread (see [`guard`]). It runs when the request is prepared, not
-/// in `parse_query`: the nesting scan must come before any parse, and the expansion check before
-/// async-graphql's own post-parse checks, which run inside `parse_query` and, like validation, walk
-/// every spread as if the fragment were written out.
+/// large once their fragments are spread (see [`guard`]), and keeps the documents that passed
+/// parsed, by query text.
+///
+/// It runs when the request is prepared, not in `parse_query`: the nesting scan must come before any
+/// parse, and the expansion check before async-graphql's own post-parse checks, which run inside
+/// `parse_query` and, like validation, walk every spread as if the fragment were written out.
+///
+/// The cache: clients send the same few operations again and again, and parsing was about a tenth
+/// of the CPU of a `recordView` request; cloning a parsed document costs a fraction of that. Neither
+/// check depends on the variables, so a cached document, which passed both, is not checked again.
+/// async-graphql's own checks and validation still run on every request.
 pub struct DocumentGuard {
     /// Nodes the operations of one document may select once spreads are expanded.
     max_expanded: usize,
+    documents: Arc<Mutex<HashMap<String, ExecutableDocument>>>,
 }
 
 impl DocumentGuard {
@@ -210,7 +223,24 @@ impl DocumentGuard {
     pub fn new(max_complexity: usize) -> Self {
         Self {
             max_expanded: max_complexity.saturating_mul(4),
+            documents: Arc::default(),
         }
+    }
+
+    fn cached(&self, query: &str) -> Option<ExecutableDocument> {
+        let documents = self.documents.lock().expect("cache lock poisoned");
+        documents.get(query).cloned()
+    }
+
+    fn keep(&self, query: &str, document: &ExecutableDocument) {
+        if query.len() > MAX_CACHED_QUERY_BYTES {
+            return;
+        }
+        let mut documents = self.documents.lock().expect("cache lock poisoned");
+        if documents.len() >= MAX_CACHED_DOCUMENTS {
+            documents.clear();
+        }
+        documents.insert(query.to_owned(), document.clone());
     }
 }
 
@@ -218,6 +248,7 @@ impl ExtensionFactory for DocumentGuard {
     fn create(&self) -> Arc<dyn Extension> {
         Arc::new(DocumentGuard {
             max_expanded: self.max_expanded,
+            documents: self.documents.clone(),
         })
     }
 }
@@ -242,64 +273,15 @@ impl Extension for DocumentGuard {
         mut request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
-        guard::check_nesting(&request.query).map_err(refused)?;
-        let document = request.parsed_query()?;
-        guard::check_expansion(document, self.max_expanded).map_err(refused)?;
-        next.run(ctx, request).await
-    }
-}
-
-/// Documents kept parsed; past this the cache starts over (the operations in use come back at once).
-const MAX_CACHED_DOCUMENTS: usize = 512;
-/// Longer documents are parsed every time, so the cache's memory stays bounded.
-const MAX_CACHED_QUERY_BYTES: usize = 8 * 1024;
-
-/// Parsed documents by query text. Clients send the same few operations again and again, and
-/// parsing was about a tenth of the CPU of a `recordView` request; cloning a parsed document costs a
-/// fraction of that. It must come before [`DocumentGuard`], which parses what it is not handed: a
-/// document is kept only once the guard passed it, and the guard checks a cached one again (cheaply,
-/// without parsing). async-graphql's own checks and validation still run on every request.
-#[derive(Default)]
-pub struct DocumentCache {
-    documents: Arc<Mutex<HashMap<String, ExecutableDocument>>>,
-}
-
-impl ExtensionFactory for DocumentCache {
-    fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(DocumentCache {
-            documents: self.documents.clone(),
-        })
-    }
-}
-
-#[async_trait::async_trait]
-impl Extension for DocumentCache {
-    async fn prepare_request(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        mut request: Request,
-        next: NextPrepareRequest<'_>,
-    ) -> ServerResult<Request> {
-        if request.query.len() > MAX_CACHED_QUERY_BYTES {
-            return next.run(ctx, request).await;
-        }
-        let cached = self
-            .documents
-            .lock()
-            .expect("cache lock poisoned")
-            .get(&request.query)
-            .cloned();
-        if let Some(document) = cached {
+        if let Some(document) = self.cached(&request.query) {
             request.set_parsed_query(document);
             return next.run(ctx, request).await;
         }
-        let mut request = next.run(ctx, request).await?;
-        let document = request.parsed_query()?.clone();
-        let mut documents = self.documents.lock().expect("cache lock poisoned");
-        if documents.len() >= MAX_CACHED_DOCUMENTS {
-            documents.clear();
-        }
-        documents.insert(request.query.clone(), document);
-        Ok(request)
+        guard::check_nesting(&request.query).map_err(refused)?;
+        let query = request.query.clone();
+        let document = request.parsed_query()?;
+        guard::check_expansion(document, self.max_expanded).map_err(refused)?;
+        self.keep(&query, document);
+        next.run(ctx, request).await
     }
 }

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
 
-use super::extensions::{DocumentCache, DocumentGuard, ErrorCodes, OperationMetrics};
+use super::extensions::{DocumentGuard, ErrorCodes, OperationMetrics};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
@@ -52,9 +52,7 @@ pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscripti
     .limit_directives(16)
     .extension(ErrorCodes)
     .extension(OperationMetrics::default())
-    // In this order: a cached document skips the parse, a new one is parsed only after the guard's
-    // scan, and only a document the guard passed is cached.
-    .extension(DocumentCache::default())
+    // A cached document skips the parse and the guard's checks, which it passed when it was cached.
     .extension(DocumentGuard::new(limits.max_complexity));
     if limits.introspection {
         builder
