@@ -5,19 +5,19 @@
 -- KEYS[2]  shard's in-flight batch  hash: 'batch', 'lease', 'seq', article -> views
 -- KEYS[3]  shard's flush sequence   string: the sequence of the shard's last taken batch
 -- KEYS[4]  shard's base counts      hash article -> view_count as SQL has it
--- KEYS[5]  shard's all-time ranking zset article -> views
 -- ARGV[1]  the shard's sequence as the caller found it in Redis
 -- ARGV[2]  the sequence of the shard's last batch committed to SQL, read before the articles of
 --          ARGV[4..]: Redis takes it on
 -- ARGV[3]  the id of the caller's own in-flight batch, which SQL refused as stale ('' when the
 --          caller found no batch in flight)
--- ARGV[4..] pairs: article, its view_count in SQL, for each pending article that SQL says a batch
---           newer than this Redis flushed. A take moves an article's whole pending count, so all
---           of its pending views as of the snapshot are in SQL: its pending field is dropped.
+-- ARGV[4..] pairs: article, its pending count as the caller read it, for each pending article that
+--           SQL says a batch newer than this Redis flushed. A take moves an article's whole pending
+--           count, so all of its pending views as of the snapshot are in SQL: exactly the count read
+--           is subtracted, and views counted since the read stay pending.
 --
 -- Pending articles not listed keep their views: SQL has not seen them. The base counts are all
 -- dropped (an article flushed after the snapshot may have no pending field but a stale base); the
--- next view or read refills them from SQL.
+-- next view or read refills them from SQL. The caller rebuilds the shard's ranking afterwards.
 --
 -- Returns the number of pending views dropped, or -1 when the shard changed since the caller looked
 -- (another process repaired it, or took a batch): then nothing is done.
@@ -38,9 +38,11 @@ end
 
 local dropped = 0
 for i = 4, #ARGV, 2 do
-  dropped = dropped + tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
-  redis.call('HDEL', KEYS[1], ARGV[i])
-  redis.call('ZADD', KEYS[5], tonumber(ARGV[i + 1]), ARGV[i])
+  local stale = tonumber(ARGV[i + 1])
+  dropped = dropped + stale
+  if redis.call('HINCRBY', KEYS[1], ARGV[i], -stale) <= 0 then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  end
 end
 redis.call('DEL', KEYS[4])
 redis.call('DEL', KEYS[2])

@@ -3,7 +3,7 @@ use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 
 use super::loader::ArticleLoader;
-use super::service::{ArticleChanges, NEWEST};
+use super::service::{ArticleChanges, NEWEST, USER_ARTICLES};
 use crate::accounts::graphql::{User, load_user};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
@@ -105,11 +105,19 @@ impl ArticlesQuery {
         after: Option<String>,
         author_id: Option<ID>,
     ) -> async_graphql::Result<ArticleConnection> {
-        let page = PageRequest::parse(NEWEST, first, after.as_deref()).gql()?;
         let author_id = author_id
             .map(|id| ids::decode(&id, NodeType::User, "authorId"))
             .transpose()
             .gql()?;
+        // One author's articles are the walk `User.articles` pages too; a cursor of the whole list
+        // is refused there, and the other way round. (A cursor of another author's list is not: it
+        // only names a position among ids, and positions the same walk.)
+        let walk = if author_id.is_some() {
+            USER_ARTICLES
+        } else {
+            NEWEST
+        };
+        let page = PageRequest::parse(walk, first, after.as_deref()).gql()?;
         let articles = services(ctx).articles.list(page, author_id).await.gql()?;
         Ok(connection(articles, Article))
     }

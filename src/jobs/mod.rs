@@ -8,8 +8,8 @@
 //! Truth: an entry is in its stream until the group has acknowledged it, and it is acknowledged
 //! only after the handler returned `Ok`, that is after the handler's SQL transaction committed.
 //! Delivery is therefore at-least-once: a consumer that dies between its commit and its `XACK`
-//! gets the entry delivered again, so handlers must be idempotent (by entry id, or by a key in the
-//! entry). Nothing is lost while Redis keeps its data: entries a dead consumer held are reclaimed
+//! gets the entry delivered again, so handlers must be idempotent, by an event id the producer puts
+//! in the entry's fields (not by stream id: `retry-dead` re-adds an entry under a new one). Nothing is lost while Redis keeps its data: entries a dead consumer held are reclaimed
 //! once its lease runs out, a failing entry is retried with backoff and, after
 //! [`JobSettings::max_deliveries`], parked on the shard's dead-letter stream with its error until
 //! `pulse jobs retry-dead <job>` puts it back; trimming removes only acknowledged entries.
@@ -67,7 +67,8 @@ pub fn registered(name: &str) -> Option<JobSpec> {
 pub struct Entry {
     /// The shard stream the entry came from.
     pub shard: u32,
-    /// The stream id (`<ms>-<seq>`), unique within the shard: a natural idempotency key.
+    /// The stream id (`<ms>-<seq>`), unique within the shard. Not an idempotency key: a dead letter
+    /// put back by `retry-dead` comes back under a new id.
     pub id: String,
     pub fields: HashMap<String, String>,
     /// How many times the entry has been delivered, this delivery included.

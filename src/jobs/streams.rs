@@ -1,11 +1,10 @@
 //! Stream-level operations of the job runtime: appending, the consumer groups, trimming, and what
 //! `pulse jobs status` and `pulse jobs retry-dead` do.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::streams::{StreamInfoGroup, StreamInfoGroupsReply, StreamPendingReply};
-use redis::{AsyncCommands as _, RedisResult, Script};
+use redis::{AsyncCommands as _, RedisResult};
 
 use super::JobSpec;
 use crate::redis::Redis;
@@ -13,13 +12,6 @@ use crate::redis::Redis;
 /// Most dead letters one script call moves back, so a long dead-letter stream does not block
 /// Redis in one call.
 const RETRY_DEAD_CHUNK: usize = 100;
-
-/// Dead letters back onto their stream: see `lua/job_retry_dead.lua`.
-static RETRY_DEAD: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/job_retry_dead.lua")));
-/// Stopped consumers out of a group: see `lua/job_forget_consumers.lua`.
-static FORGET_CONSUMERS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/job_forget_consumers.lua")));
 
 /// One shard stream as `pulse jobs status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,7 +108,9 @@ pub async fn retry_dead(redis: &Redis, spec: JobSpec) -> RedisResult<u64> {
     for shard in 0..spec.shards {
         let keys = spec.keys(redis, shard);
         loop {
-            let chunk: usize = RETRY_DEAD
+            let chunk: usize = redis
+                .scripts
+                .job_retry_dead
                 .key(keys.dead())
                 .key(keys.stream())
                 .arg(RETRY_DEAD_CHUNK)
@@ -186,7 +180,9 @@ pub(super) async fn forget_idle_consumers(
         if group(redis, spec, &stream).await?.is_none() {
             continue;
         }
-        let count: u64 = FORGET_CONSUMERS
+        let count: u64 = redis
+            .scripts
+            .job_forget_consumers
             .key(stream)
             .arg(spec.name)
             .arg(idle.as_millis() as u64)

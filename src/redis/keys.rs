@@ -2,7 +2,8 @@
 //!
 //! Every key starts with the configured prefix, so deployments and tests share one Redis safely.
 //! Keys that one script touches together share a hash tag (`{v:3}` for view shard 3, `{ip:…}` for
-//! one client's attempt counter), which keeps every script single-slot on Redis Cluster.
+//! one client's attempt counter, `{<tag>:N}` for shard N of a job's streams, where the tag is the
+//! domain's own), which keeps every script single-slot on Redis Cluster.
 
 use std::net::IpAddr;
 

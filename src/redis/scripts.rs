@@ -16,6 +16,10 @@ pub struct Scripts {
     pub view_flush_clear: Script,
     /// Repair of a shard whose Redis is behind SQL: see `lua/view_flush_repair.lua`.
     pub view_flush_repair: Script,
+    /// Dead letters back onto a job's stream: see `lua/job_retry_dead.lua`.
+    pub job_retry_dead: Script,
+    /// Idle, empty consumers of a job's group dropped: see `lua/job_forget_consumers.lua`.
+    pub job_forget_consumers: Script,
 }
 
 impl Scripts {
@@ -26,16 +30,20 @@ impl Scripts {
             view_flush_take: Script::new(include_str!("../../lua/view_flush_take.lua")),
             view_flush_clear: Script::new(include_str!("../../lua/view_flush_clear.lua")),
             view_flush_repair: Script::new(include_str!("../../lua/view_flush_repair.lua")),
+            job_retry_dead: Script::new(include_str!("../../lua/job_retry_dead.lua")),
+            job_forget_consumers: Script::new(include_str!("../../lua/job_forget_consumers.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 5] {
+    fn all(&self) -> [&Script; 7] {
         [
             &self.rate_limit,
             &self.record_view,
             &self.view_flush_take,
             &self.view_flush_clear,
             &self.view_flush_repair,
+            &self.job_retry_dead,
+            &self.job_forget_consumers,
         ]
     }
 

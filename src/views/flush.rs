@@ -1,8 +1,8 @@
 //! The view flusher: moves pending view counts from Redis to `articles.view_count`, exactly once.
 //!
-//! A background job in the one-file-per-job shape of [`crate::jobs`], with a protocol of its own
-//! rather than a stream: pending views are counters that merge in a hash (a thousand views of one
-//! article are one delta), where a stream would hold, and SQL apply, one entry per view.
+//! One file, like a job of [`crate::jobs`], but not run by its runtime: pending views are counters
+//! that merge in a hash (a thousand views of one article are one delta), where a stream would hold,
+//! and SQL apply, one entry per view. So it keeps a protocol of its own.
 //!
 //! Per shard, one flush is three steps:
 //! 1. take: a script copies the pending deltas into an in-flight batch with a fresh id and a lease
@@ -367,9 +367,9 @@ impl ViewFlusher {
     ) -> AppResult<()> {
         let keys = self.redis.keys.view_shard_by_index(shard);
         let mut conn = self.redis.conn.clone();
-        // Read outside the script: an article that enters pending after this read had nothing
-        // pending at the snapshot, so whatever it has now is genuinely new and rightly kept.
-        let pending: Vec<i64> = redis::cmd("HKEYS")
+        // Read outside the script, with each article's count: the script subtracts exactly what was
+        // read, so views counted after this read (on any article) are genuinely new and kept.
+        let pending: HashMap<i64, i64> = redis::cmd("HGETALL")
             .arg(keys.pending())
             .query_async(&mut conn)
             .await?;
@@ -377,20 +377,20 @@ impl ViewFlusher {
         // before the rollback, by a flusher that was still running) may be missing from the
         // articles below, and then Redis stays behind it and the next flush repairs again.
         let sql_seq = self.sql_seq(shard).await?;
-        let flushed = self.flushed_since(&pending, redis_seq).await?;
+        let ids: Vec<i64> = pending.keys().copied().collect();
+        let flushed = self.flushed_since(&ids, redis_seq).await?;
         let mut invocation = self.redis.scripts.view_flush_repair.prepare_invoke();
         invocation
             .key(keys.pending())
             .key(keys.in_flight())
             .key(keys.seq())
-            .key(keys.base())
-            .key(keys.rank_all_time());
+            .key(keys.base());
         invocation
             .arg(expected_seq)
             .arg(sql_seq)
             .arg(discard.unwrap_or_default());
-        for (article, count) in &flushed {
-            invocation.arg(article).arg(count);
+        for article in &flushed {
+            invocation.arg(article).arg(pending[article]);
         }
         let dropped: i64 = invocation.invoke_async(&mut conn).await?;
         if dropped < 0 {
@@ -412,20 +412,20 @@ impl ViewFlusher {
         );
         report.repaired_shards += 1;
         report.dropped_views += dropped;
-        // Articles flushed after the snapshot without anything pending there have a stale score.
+        // The repaired articles, and those flushed after the snapshot with nothing pending there,
+        // have stale scores.
         rebuild::rebuild(&self.db, &self.redis, &[shard], Caches::Ranking).await?;
         Ok(())
     }
 
-    /// `(article, view_count)` of those of `ids` that a batch after `seq` flushed.
+    /// Those of `ids` that a batch after `seq` flushed.
     #[tracing::instrument(skip_all, fields(articles = ids.len(), seq))]
-    async fn flushed_since(&self, ids: &[i64], seq: i64) -> AppResult<Vec<(i64, i64)>> {
+    async fn flushed_since(&self, ids: &[i64], seq: i64) -> AppResult<Vec<i64>> {
         let mut flushed = Vec::new();
         for chunk in ids.chunks(UPDATE_CHUNK) {
-            let rows: Vec<(i64, i64)> = articles::Entity::find()
+            let rows: Vec<i64> = articles::Entity::find()
                 .select_only()
                 .column(articles::Column::Id)
-                .column(articles::Column::ViewCount)
                 .filter(articles::Column::Id.is_in(chunk.iter().copied()))
                 .filter(articles::Column::ViewFlushSeq.gt(seq))
                 .into_tuple()

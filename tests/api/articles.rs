@@ -340,4 +340,22 @@ async fn a_cursor_from_another_list_is_bad_input() {
         .await;
     assert_eq!(error_code(&other_list), "BAD_USER_INPUT", "{other_list}");
     assert_eq!(other_list["errors"][0]["extensions"]["field"], "after");
+
+    let user_id = app
+        .graphql_as(Some(&token), "{ viewer { id } }", json!({}))
+        .await["data"]["viewer"]["id"]
+        .clone();
+    let same_walk = app
+        .graphql(
+            "query($after: String, $a: ID) { articles(first: 5, after: $after, authorId: $a) { edges { node { id } } } }",
+            json!({ "after": cursor, "a": user_id }),
+        )
+        .await;
+    assert_eq!(
+        same_walk["data"]["articles"]["edges"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "one author's list is the walk `User.articles` pages: {same_walk}"
+    );
 }

@@ -133,16 +133,6 @@ fn assert_refused_as_too_deep(response: &Value) {
     assert!(message.contains("more than 64 levels"), "{message}");
 }
 
-/// This process's resident memory in KiB; the server under test runs in it.
-fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
-
 #[tokio::test]
 async fn a_list_argument_nested_three_thousand_deep_is_refused() {
     let app = TestApp::spawn().await;
@@ -280,21 +270,15 @@ async fn fragment_bombs_are_refused_at_once() {
     let app = TestApp::spawn().await;
     for levels in [24, 30] {
         let query = fragment_bomb(levels);
-        let before = resident_kib();
         let started = std::time::Instant::now();
         let response = app.graphql(&query, json!({})).await;
         let elapsed = started.elapsed();
-        let grown = resident_kib().saturating_sub(before);
-        println!(
-            "{levels}-level fragment bomb ({} bytes): answered in {elapsed:?}, resident memory grew {grown} KiB",
-            query.len()
-        );
         assert_eq!(error_code(&response), "BAD_USER_INPUT", "{response}");
         let message = response["errors"][0]["message"].as_str().unwrap();
         assert!(message.contains("expanded"), "{message}");
-        // Unguarded, the 24-level bomb took minutes and gigabytes.
+        // Unguarded, the 24-level bomb took minutes and gigabytes (its memory, measured on a
+        // server process of its own, is in scripts/abuse-costs.py; this process runs other tests).
         assert!(elapsed < std::time::Duration::from_secs(5), "{elapsed:?}");
-        assert!(grown < 50 * 1024, "{grown} KiB");
     }
     still_serves(&app).await;
 }
