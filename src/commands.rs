@@ -24,6 +24,9 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         Command::Rebuild {
             target: RebuildTarget::Views,
         } => rebuild_views(&backends).await,
+        Command::Rebuild {
+            target: RebuildTarget::Likes,
+        } => rebuild_likes(&backends).await,
         Command::Serve | Command::PrintSchema => unreachable!("handled by main"),
     };
     backends.close().await;
@@ -67,6 +70,15 @@ async fn seed_demo(backends: &Backends) -> anyhow::Result<()> {
 async fn rebuild_views(backends: &Backends) -> anyhow::Result<()> {
     let articles = crate::views::rebuild::rebuild_all(&backends.db, &backends.redis).await?;
     println!("rebuilt view counts and the all-time view ranking of {articles} articles");
+    Ok(())
+}
+
+async fn rebuild_likes(backends: &Backends) -> anyhow::Result<()> {
+    let rebuilt = crate::likes::rebuild::rebuild_all(&backends.db, &backends.redis).await?;
+    println!(
+        "rebuilt the like counts of {} articles and comments and the all-time like ranking; dropped {} cached relations",
+        rebuilt.subjects, rebuilt.relations_dropped
+    );
     Ok(())
 }
 

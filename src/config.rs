@@ -60,6 +60,9 @@ pub enum JobsAction {
 pub enum RebuildTarget {
     /// View counts and the all-time view ranking, from `articles.view_count` plus pending views.
     Views,
+    /// Like counts and the all-time like ranking from SQL plus the changes not archived yet; the
+    /// relation cache is dropped, to be read again from SQL as needed.
+    Likes,
 }
 
 #[derive(Debug, Subcommand)]
@@ -236,6 +239,38 @@ pub struct Config {
     /// shipped list.
     #[arg(long, global = true, env = "PULSE_CRAWLER_PATTERNS_FILE")]
     pub crawler_patterns_file: Option<PathBuf>,
+
+    /// How long Redis keeps a user's cached relation to a liked subject after its last change or
+    /// read; a relation it has forgotten is read from SQL (liking stays idempotent either way).
+    #[arg(long, global = true, env = "PULSE_LIKE_RELATION_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub like_relation_ttl: Duration,
+
+    /// How often an article's featured (most liked) comments are recomputed from SQL, at most.
+    #[arg(long, global = true, env = "PULSE_FEATURED_REFRESH", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub featured_refresh: Duration,
+
+    /// How often, at most, an article's live counters are read and pushed to its
+    /// `articleStatsChanged` subscribers (per process, however many subscribers and changes).
+    #[arg(long, global = true, env = "PULSE_STATS_TICK", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub stats_tick: Duration,
+
+    /// Whether this process consumes the background jobs' streams. `false` makes an API-only
+    /// process, for deployments that run the jobs in separate worker processes.
+    #[arg(long, global = true, env = "PULSE_RUN_JOBS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub run_jobs: bool,
+
+    /// Most entries a background job handles in one batch (one SQL transaction).
+    #[arg(long, global = true, env = "PULSE_JOB_BATCH", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub job_batch: u32,
+
+    /// How long a job's consumer may hold entries before another process takes them over; longer
+    /// than the slowest batch.
+    #[arg(long, global = true, env = "PULSE_JOB_LEASE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub job_lease: Duration,
+
+    /// How long a job's consumer waits after a round that found nothing to do.
+    #[arg(long, global = true, env = "PULSE_JOB_POLL", default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub job_poll: Duration,
 
     /// How long in-flight requests may take to finish after a shutdown signal.
     #[arg(long, global = true, env = "PULSE_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]

@@ -29,6 +29,9 @@ pub enum AppError {
     Redis(#[from] redis::RedisError),
     #[error("internal error: {0}")]
     Internal(String),
+    /// One failure reported to every caller that waited on the same work (a single-flight load).
+    #[error(transparent)]
+    Shared(std::sync::Arc<AppError>),
 }
 
 pub type AppResult<T> = Result<T, AppError>;
@@ -53,11 +56,21 @@ impl AppError {
             Self::Database(err) if crate::db::transient(err).is_some() => "UNAVAILABLE",
             Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
+            Self::Shared(err) => err.code(),
         }
     }
 
     fn is_ours(&self) -> bool {
-        matches!(self, Self::Database(_) | Self::Redis(_) | Self::Internal(_))
+        match self {
+            Self::Database(_) | Self::Redis(_) | Self::Internal(_) => true,
+            Self::Shared(err) => err.is_ours(),
+            _ => false,
+        }
+    }
+
+    /// The same error for several callers.
+    pub fn shared(self) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(self)
     }
 }
 
@@ -70,6 +83,9 @@ fn is_redis_unreachable(err: &redis::RedisError) -> bool {
 
 impl ErrorExtensions for AppError {
     fn extend(&self) -> async_graphql::Error {
+        if let Self::Shared(inner) = self {
+            return AppError::extend(inner);
+        }
         let code = self.code();
         let message = if self.is_ours() {
             tracing::error!(error = %self, code, "request failed");

@@ -13,6 +13,7 @@ pub mod error;
 pub mod graphql;
 pub mod http;
 pub mod jobs;
+pub mod likes;
 pub mod pagination;
 pub mod realtime;
 pub mod redis;

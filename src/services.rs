@@ -15,6 +15,10 @@ use tokio_util::task::TaskTracker;
 use crate::accounts::{AccountService, TokenSigner};
 use crate::articles::ArticleService;
 use crate::config::Config;
+use crate::jobs::{Job, JobRuntime, JobSettings};
+use crate::likes::featured::FeaturedComments;
+use crate::likes::stats::{ArticleStatsService, StatsWorkers};
+use crate::likes::{CommentService, LikeArchiver, LikeService};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::views::crawler::CrawlerDetector;
@@ -41,6 +45,10 @@ pub struct Services {
     pub accounts: AccountService,
     pub articles: ArticleService,
     pub views: ViewService,
+    pub likes: LikeService,
+    pub comments: CommentService,
+    pub featured: FeaturedComments,
+    pub stats: ArticleStatsService,
 }
 
 impl Services {
@@ -53,21 +61,51 @@ impl Services {
             tokens,
             config,
         } = inputs;
+        let accounts = AccountService::new(
+            db.clone(),
+            redis.clone(),
+            tokens.clone(),
+            config.auth_attempts_per_minute,
+        );
+        let comments = CommentService::new(db.clone(), redis.clone(), accounts.clone());
+        let articles = ArticleService::new(db.clone(), redis.clone(), hub.clone());
+        let views = ViewService::new(
+            db.clone(),
+            redis.clone(),
+            Arc::new(crawler_detector(config.crawler_patterns_file.as_deref())?),
+            config.view_window,
+            config.timezone,
+        );
+        let likes = LikeService::new(
+            db.clone(),
+            redis.clone(),
+            config.like_relation_ttl,
+            config.timezone,
+        );
+        let stats = ArticleStatsService::new(
+            articles.clone(),
+            views.clone(),
+            likes.clone(),
+            redis.keys.clone(),
+            StatsWorkers {
+                hub,
+                tasks: workers.tasks,
+                shutdown: workers.shutdown,
+                tick: config.stats_tick,
+            },
+        );
         let services = Self {
-            accounts: AccountService::new(
-                db.clone(),
+            accounts,
+            articles,
+            views,
+            likes,
+            stats,
+            featured: FeaturedComments::new(
                 redis.clone(),
-                tokens.clone(),
-                config.auth_attempts_per_minute,
+                comments.clone(),
+                config.featured_refresh,
             ),
-            articles: ArticleService::new(db.clone(), redis.clone(), hub.clone()),
-            views: ViewService::new(
-                db.clone(),
-                redis.clone(),
-                Arc::new(crawler_detector(config.crawler_patterns_file.as_deref())?),
-                config.view_window,
-                config.timezone,
-            ),
+            comments,
         };
         services
             .accounts
@@ -78,7 +116,30 @@ impl Services {
             ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease)
                 .run(config.view_flush_interval, shutdown),
         );
+        if config.run_jobs {
+            let jobs: Vec<Arc<dyn Job>> = vec![Arc::new(LikeArchiver::new(
+                db.clone(),
+                redis.clone(),
+                config.like_relation_ttl,
+                config.timezone,
+            ))];
+            JobRuntime::new(redis.clone(), job_settings(config)).start(
+                jobs,
+                workers.tasks,
+                workers.shutdown,
+            );
+        }
         Ok(services)
+    }
+}
+
+/// The job runtime's settings from the configuration; the rest keep their defaults.
+pub fn job_settings(config: &Config) -> JobSettings {
+    JobSettings {
+        batch: config.job_batch as usize,
+        lease: config.job_lease,
+        poll: config.job_poll,
+        ..JobSettings::default()
     }
 }
 

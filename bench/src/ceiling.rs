@@ -103,6 +103,7 @@ async fn run(
         buckets::DAY_BUCKET_TTL.as_secs().to_string(),
         buckets::WEEK_BUCKET_TTL.as_secs().to_string(),
         String::new(),
+        keys.article_stats_channel(ARTICLE),
     ]);
     let command_line = shell_line("redis-benchmark", &args);
     let output = tokio::process::Command::new("redis-benchmark")

@@ -2,7 +2,7 @@ use async_graphql::{Context, ID, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 
 use super::loader::UserLoader;
-use crate::articles::graphql::{Article, ArticleConnection};
+use crate::articles::graphql::{Article, ArticleConnection, prefetch_page};
 use crate::articles::service::USER_ARTICLES;
 use crate::entities::users;
 use crate::error::GqlResultExt;
@@ -46,6 +46,7 @@ impl User {
             .list(page, Some(self.0.id))
             .await
             .gql()?;
+        prefetch_page(ctx, &articles).await?;
         Ok(connection(articles, Article))
     }
 }

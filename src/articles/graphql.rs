@@ -1,16 +1,19 @@
-use async_graphql::{Context, ID, InputObject, Object, Subscription};
+use async_graphql::{Context, ID, InputObject, Lookahead, Object, Subscription};
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 
 use super::loader::ArticleLoader;
 use super::service::{ArticleChanges, NEWEST, USER_ARTICLES};
 use crate::accounts::graphql::{User, load_user};
+use crate::accounts::loader::UserLoader;
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{Connected, connection, connection_complexity};
 use crate::graphql::{actor, loaders, services};
-use crate::pagination::PageRequest;
+use crate::likes::Subject;
+use crate::likes::graphql as likes;
+use crate::pagination::{Page, PageRequest};
 
 pub struct Article(pub articles::Model);
 
@@ -49,6 +52,72 @@ impl Article {
     async fn view_count(&self, ctx: &Context<'_>) -> async_graphql::Result<i64> {
         crate::views::graphql::view_count(ctx, &self.0).await
     }
+
+    /// Likes so far, including those not yet archived to SQL.
+    async fn like_count(&self, ctx: &Context<'_>) -> async_graphql::Result<i64> {
+        likes::like_count(ctx, Subject::Article(self.0.id), self.0.like_count).await
+    }
+
+    /// Whether the signed-in viewer likes this article; false when anonymous.
+    async fn viewer_has_liked(&self, ctx: &Context<'_>) -> async_graphql::Result<bool> {
+        likes::viewer_has_liked(ctx, Subject::Article(self.0.id)).await
+    }
+
+    async fn comment_count(&self) -> i64 {
+        self.0.comment_count
+    }
+
+    /// Comments, newest first.
+    #[graphql(complexity = "connection_complexity(child_complexity, first)")]
+    async fn comments(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: Option<i32>,
+        after: Option<String>,
+    ) -> async_graphql::Result<likes::CommentConnection> {
+        likes::article_comments(ctx, self.0.id, first, after).await
+    }
+
+    /// The most liked comments (0–10), best first; served from a cache refreshed under a lease.
+    #[graphql(complexity = "first.unwrap_or(3).clamp(0, 10) as usize * child_complexity + 1")]
+    async fn featured_comments(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 3)] first: Option<i32>,
+    ) -> async_graphql::Result<Vec<likes::Comment>> {
+        likes::featured_comments(ctx, self.0.id, first).await
+    }
+}
+
+/// Loads, in one batch per kind, what the selected fields of `rows` need (`node` is the selection
+/// of one article): a page of articles costs one round trip per kind whatever its size and however
+/// its resolvers are scheduled. See [`crate::graphql::loaders`].
+pub async fn prefetch_articles(
+    ctx: &Context<'_>,
+    node: Lookahead<'_>,
+    rows: &[&articles::Model],
+) -> async_graphql::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let authors = async {
+        if node.field("author").exists() {
+            let ids = rows.iter().map(|row| row.author_id);
+            loaders(ctx).get::<UserLoader>().load_many(ids).await?;
+        }
+        Ok::<_, async_graphql::Error>(())
+    };
+    let views = async {
+        if node.field("viewCount").exists() {
+            let ids = rows.iter().map(|row| row.id);
+            crate::views::graphql::prefetch_view_counts(ctx, ids).await?;
+        }
+        Ok(())
+    };
+    let subjects: Vec<Subject> = rows.iter().map(|row| Subject::Article(row.id)).collect();
+    let likes = likes::prefetch(ctx, &node, &subjects);
+    futures_util::try_join!(authors, views, likes)?;
+    Ok(())
 }
 
 /// Loads many articles in one batch.
@@ -70,6 +139,15 @@ pub async fn load_article(ctx: &Context<'_>, id: i64) -> async_graphql::Result<O
         .load_one(id)
         .await?
         .map(Article))
+}
+
+/// Prefetches for a connection of articles: see [`prefetch_articles`].
+pub async fn prefetch_page(
+    ctx: &Context<'_>,
+    page: &Page<articles::Model>,
+) -> async_graphql::Result<()> {
+    let rows: Vec<&articles::Model> = page.edges.iter().map(|(_, row)| row).collect();
+    prefetch_articles(ctx, ctx.look_ahead().field("edges").field("node"), &rows).await
 }
 
 #[derive(InputObject)]
@@ -119,6 +197,7 @@ impl ArticlesQuery {
         };
         let page = PageRequest::parse(walk, first, after.as_deref()).gql()?;
         let articles = services(ctx).articles.list(page, author_id).await.gql()?;
+        prefetch_page(ctx, &articles).await?;
         Ok(connection(articles, Article))
     }
 }

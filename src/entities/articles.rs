@@ -16,6 +16,12 @@ pub struct Model {
     /// Defaulted on decode: publish events from processes older than the column lack it.
     #[serde(default)]
     pub view_flush_seq: i64,
+    /// Kept in step with `comments` by the transactions that add and delete them.
+    #[serde(default)]
+    pub comment_count: i64,
+    /// How many like-archiver batches have changed `like_count`: orders cached counts.
+    #[serde(default)]
+    pub like_version: i64,
     pub created_at: DateTime,
     pub updated_at: DateTime,
 }

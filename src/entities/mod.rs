@@ -2,6 +2,10 @@
 //! zone (the one representation all three backends agree on) and converted at the edge.
 
 pub mod articles;
+pub mod comments;
+pub mod like_archive_shards;
+pub mod like_events;
+pub mod likes;
 pub mod users;
 pub mod view_flush_batches;
 pub mod view_flush_shards;

@@ -4,12 +4,14 @@ use super::ids;
 use crate::accounts::graphql::{User, load_user};
 use crate::articles::graphql::{Article, load_article};
 use crate::error::GqlResultExt;
+use crate::likes::graphql::{Comment, load_comment};
 
 /// The types a global id can name: one variant per type in [`Node`], and its name in the id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeType {
     User,
     Article,
+    Comment,
 }
 
 impl NodeType {
@@ -17,6 +19,7 @@ impl NodeType {
         match self {
             Self::User => "User",
             Self::Article => "Article",
+            Self::Comment => "Comment",
         }
     }
 
@@ -24,6 +27,7 @@ impl NodeType {
         match name {
             "User" => Some(Self::User),
             "Article" => Some(Self::Article),
+            "Comment" => Some(Self::Comment),
             _ => None,
         }
     }
@@ -35,6 +39,7 @@ impl NodeType {
 pub enum Node {
     User(User),
     Article(Article),
+    Comment(Comment),
 }
 
 #[derive(Default)]
@@ -47,6 +52,7 @@ impl NodeQuery {
         Ok(match ids::decode_any(&id, "id").gql()? {
             (NodeType::User, id) => load_user(ctx, id).await?.map(Node::User),
             (NodeType::Article, id) => load_article(ctx, id).await?.map(Node::Article),
+            (NodeType::Comment, id) => load_comment(ctx, id).await?.map(Node::Comment),
         })
     }
 }

@@ -8,6 +8,7 @@ use super::node::NodeQuery;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
+use crate::likes::graphql::{LikesMutation, LikesSubscription};
 use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
 
@@ -15,10 +16,15 @@ use crate::views::graphql::{ViewsMutation, ViewsQuery};
 pub struct Query(NodeQuery, AccountsQuery, ArticlesQuery, ViewsQuery);
 
 #[derive(MergedObject, Default)]
-pub struct Mutation(AccountsMutation, ArticlesMutation, ViewsMutation);
+pub struct Mutation(
+    AccountsMutation,
+    ArticlesMutation,
+    ViewsMutation,
+    LikesMutation,
+);
 
 #[derive(MergedSubscription, Default)]
-pub struct Subscription(ArticlesSubscription);
+pub struct Subscription(ArticlesSubscription, LikesSubscription);
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 

@@ -4,6 +4,8 @@
 //! see only what is published after they subscribed. Everything sent is derivable from SQL/Redis
 //! state, so a client that reconnects re-reads and loses nothing that matters.
 
+pub mod coalesce;
 mod hub;
 
+pub use coalesce::{Coalesced, Coalescer, CoalescerConfig, Snapshot};
 pub use hub::{Hub, HubSubscription};

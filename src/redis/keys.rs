@@ -8,6 +8,7 @@
 use std::net::IpAddr;
 
 use crate::actor::Identity;
+use crate::likes::Subject;
 
 #[derive(Clone, Debug)]
 pub struct Keys {
@@ -238,5 +239,189 @@ mod job_key_tests {
         }
         assert_ne!(shard.stream(), keys.job_shard("likes", "l", 4).stream());
         assert_ne!(shard.stream(), keys.job_shard("votes", "l", 3).stream());
+    }
+}
+
+// Likes: relations, counters and rankings of liked subjects (articles and comments), and each
+// article's featured comments.
+
+/// Likes spread subjects over this many shards, each with the hash tag `{l:N}`: the one script
+/// that likes (relation, counter, ranking, the archive stream's entry) is single-slot on Redis
+/// Cluster while the load spreads over slots. Changing it strands existing keys.
+pub const LIKE_SHARDS: u32 = 16;
+
+/// The like shard of `subject`.
+pub fn like_shard_of(subject: Subject) -> u32 {
+    subject.id().rem_euclid(i64::from(LIKE_SHARDS)) as u32
+}
+
+/// `subject`'s name in hash fields and keys: `a42` for an article, `c7` for a comment, so that an
+/// article and a comment with one id never share a counter.
+pub fn like_field(subject: Subject) -> String {
+    match subject {
+        Subject::Article(id) => format!("a{id}"),
+        Subject::Comment(id) => format!("c{id}"),
+    }
+}
+
+impl Keys {
+    /// The keys of the like shard `subject` lives in. See [`LikeShardKeys`].
+    pub fn like_shard(&self, subject: Subject) -> LikeShardKeys<'_> {
+        self.like_shard_by_index(like_shard_of(subject))
+    }
+
+    pub fn like_shard_by_index(&self, shard: u32) -> LikeShardKeys<'_> {
+        LikeShardKeys { keys: self, shard }
+    }
+
+    /// Pub/sub channel told whenever one of an article's counters (views, likes, comments) moves.
+    pub fn article_stats_channel(&self, article: i64) -> String {
+        format!("{}events:article-stats:{article}", self.prefix)
+    }
+}
+
+pub struct LikeShardKeys<'a> {
+    keys: &'a Keys,
+    shard: u32,
+}
+
+impl LikeShardKeys<'_> {
+    fn key(&self, name: &str) -> String {
+        format!("{}like:{name}:{{l:{}}}", self.keys.prefix, self.shard)
+    }
+
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The cached relation of `user` to `subject`: `2 × seq + liked`, expiring some time after its
+    /// last write. Terse, like the view markers: there is one per recent (user, subject) pair.
+    pub fn relation(&self, subject: Subject, user: i64) -> String {
+        format!(
+            "{}lr:{{l:{}}}:{}:{user}",
+            self.keys.prefix,
+            self.shard,
+            like_field(subject)
+        )
+    }
+
+    /// A `SCAN MATCH` pattern for every cached relation of the shard.
+    pub fn relation_pattern(&self) -> String {
+        let prefix: String = self
+            .keys
+            .prefix
+            .chars()
+            .flat_map(|c| match c {
+                '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+                c => vec![c],
+            })
+            .collect();
+        format!("{prefix}lr:{{l:{}}}:*", self.shard)
+    }
+
+    /// The field of (`subject`, `user`) in [`Self::unarchived`].
+    pub fn relation_field(subject: Subject, user: i64) -> String {
+        format!("{}:{user}", like_field(subject))
+    }
+
+    /// Hash relation field → `2 × seq + liked` of the relations whose last change is not archived
+    /// yet: with SQL, the truth for a relation the cache has lost.
+    pub fn unarchived(&self) -> String {
+        self.key("unarchived")
+    }
+
+    /// Hash subject field → `like_count` as SQL had it (at the version in [`Self::base_versions`]).
+    pub fn base(&self) -> String {
+        self.key("base")
+    }
+
+    /// Hash subject field → the `like_version` of the cached base count.
+    pub fn base_versions(&self) -> String {
+        self.key("basever")
+    }
+
+    /// Hash subject field → likes minus unlikes not archived yet.
+    pub fn pending(&self) -> String {
+        self.key("pending")
+    }
+
+    /// String: the shard's last event sequence.
+    pub fn seq(&self) -> String {
+        self.key("seq")
+    }
+
+    /// Sorted set article → likes (the live count).
+    pub fn rank_all_time(&self) -> String {
+        self.key("rank:all")
+    }
+
+    /// Sorted set article → likes minus unlikes in one time bucket (a local day, an ISO week).
+    pub fn rank_bucket(&self, bucket: &str) -> String {
+        format!("{}:{bucket}", self.key("rank"))
+    }
+
+    /// String: the featured (top-liked) comment ids of `article`, comma-separated, replaced whole.
+    pub fn featured(&self, article: i64) -> String {
+        format!("{}:{article}", self.key("featured"))
+    }
+
+    /// String held while `article`'s featured list is fresh or being recomputed: whoever sets it
+    /// recomputes; it expires after the refresh interval.
+    pub fn featured_lease(&self, article: i64) -> String {
+        format!("{}:{article}", self.key("featured-lease"))
+    }
+}
+
+#[cfg(test)]
+mod like_key_tests {
+    use super::*;
+
+    #[test]
+    fn a_like_touches_keys_of_one_slot() {
+        let keys = Keys::new("p:");
+        let subject = Subject::Comment(5 + i64::from(LIKE_SHARDS));
+        let shard = keys.like_shard(subject);
+        let job = keys.job_shard("likes-archive", "l", like_shard_of(subject));
+        for key in [
+            shard.relation(subject, 77),
+            shard.unarchived(),
+            shard.base(),
+            shard.base_versions(),
+            shard.pending(),
+            shard.seq(),
+            shard.rank_all_time(),
+            shard.rank_bucket("20261123"),
+            shard.featured(5),
+            shard.featured_lease(5),
+            job.stream(),
+            job.dead(),
+        ] {
+            assert!(key.starts_with("p:"), "{key} lacks the prefix");
+            assert_eq!(
+                key.matches('{').count(),
+                1,
+                "{key} has more than one hash tag"
+            );
+            assert!(key.contains("{l:5}"), "{key} is not in like shard 5");
+        }
+    }
+
+    #[test]
+    fn the_relation_pattern_matches_relations_of_its_shard_only() {
+        let keys = Keys::new("t*[1]:");
+        let pattern = keys.like_shard_by_index(4).relation_pattern();
+        assert_eq!(pattern, "t\\*\\[1\\]:lr:{l:4}:*");
+        let relation = keys
+            .like_shard_by_index(4)
+            .relation(Subject::Article(20), 9);
+        assert!(relation.starts_with("t*[1]:lr:{l:4}:"), "{relation}");
+    }
+
+    #[test]
+    fn an_article_and_a_comment_with_one_id_are_different_subjects() {
+        assert_ne!(
+            like_field(Subject::Article(3)),
+            like_field(Subject::Comment(3))
+        );
     }
 }

@@ -7,9 +7,11 @@ pub mod keys;
 pub mod scripts;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::config::redacted_url;
 
@@ -19,7 +21,7 @@ pub use scripts::Scripts;
 #[derive(Clone)]
 pub struct Redis {
     pub client: redis::Client,
-    pub conn: ConnectionManager,
+    pub conn: CountedConnection,
     pub keys: Keys,
     pub scripts: Arc<Scripts>,
 }
@@ -44,7 +46,10 @@ impl Redis {
             .context("cannot load Lua scripts into Redis")?;
         Ok(Self {
             client,
-            conn,
+            conn: CountedConnection {
+                inner: conn,
+                round_trips: Arc::default(),
+            },
             keys: Keys::new(prefix),
             scripts: Arc::new(scripts),
         })
@@ -53,5 +58,41 @@ impl Redis {
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
         redis::cmd("PING").query_async::<()>(&mut conn).await
+    }
+}
+
+/// The process's multiplexed connection, counting its round trips (one per command or pipeline
+/// sent), so that what a request costs in round trips can be measured rather than argued.
+#[derive(Clone)]
+pub struct CountedConnection {
+    inner: ConnectionManager,
+    round_trips: Arc<AtomicU64>,
+}
+
+impl CountedConnection {
+    /// Round trips made so far through this connection and its clones.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+}
+
+impl ConnectionLike for CountedConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.inner.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
     }
 }

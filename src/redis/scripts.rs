@@ -20,6 +20,12 @@ pub struct Scripts {
     pub job_retry_dead: Script,
     /// Idle, empty consumers of a job's group dropped: see `lua/job_forget_consumers.lua`.
     pub job_forget_consumers: Script,
+    /// Like or unlike, with its archive event: see `lua/like_set.lua`.
+    pub like_set: Script,
+    /// Archived like events settled in Redis: see `lua/like_settle.lua`.
+    pub like_settle: Script,
+    /// An article's featured comments replaced under its lease: see `lua/featured_store.lua`.
+    pub featured_store: Script,
 }
 
 impl Scripts {
@@ -32,10 +38,13 @@ impl Scripts {
             view_flush_repair: Script::new(include_str!("../../lua/view_flush_repair.lua")),
             job_retry_dead: Script::new(include_str!("../../lua/job_retry_dead.lua")),
             job_forget_consumers: Script::new(include_str!("../../lua/job_forget_consumers.lua")),
+            like_set: Script::new(include_str!("../../lua/like_set.lua")),
+            like_settle: Script::new(include_str!("../../lua/like_settle.lua")),
+            featured_store: Script::new(include_str!("../../lua/featured_store.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 7] {
+    fn all(&self) -> [&Script; 10] {
         [
             &self.rate_limit,
             &self.record_view,
@@ -44,6 +53,9 @@ impl Scripts {
             &self.view_flush_repair,
             &self.job_retry_dead,
             &self.job_forget_consumers,
+            &self.like_set,
+            &self.like_settle,
+            &self.featured_store,
         ]
     }
 

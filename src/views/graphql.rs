@@ -2,7 +2,7 @@ use async_graphql::{Context, Enum, ID, Object, SimpleObject};
 
 use super::loader::ViewCountLoader;
 use super::service::{RankingWindow, SkipReason};
-use crate::articles::graphql::{Article, load_article, load_articles};
+use crate::articles::graphql::{Article, load_article, load_articles, prefetch_articles};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
@@ -32,7 +32,10 @@ impl From<SkipReason> for ViewSkipReasonGql {
 
 #[derive(Enum, Clone, Copy, PartialEq, Eq)]
 pub enum ArticleMetric {
+    /// Views counted (ALL_TIME), or counted within the day or week.
     Views,
+    /// Likes held now (ALL_TIME), or likes minus unlikes within the day or week.
+    Likes,
 }
 
 #[derive(Enum, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +108,18 @@ pub async fn view_count(
     Ok(live.total(article.view_count))
 }
 
+/// Loads the live view counts of `articles` in one batch; see [`crate::graphql::loaders`].
+pub async fn prefetch_view_counts(
+    ctx: &Context<'_>,
+    articles: impl IntoIterator<Item = i64>,
+) -> async_graphql::Result<()> {
+    loaders(ctx)
+        .get::<ViewCountLoader>()
+        .load_many(articles)
+        .await?;
+    Ok(())
+}
+
 #[derive(Default)]
 pub struct ViewsQuery;
 
@@ -118,7 +133,6 @@ impl ViewsQuery {
         #[graphql(default_with = "RankingWindowGql::AllTime")] window: RankingWindowGql,
         #[graphql(default = 10)] first: Option<i32>,
     ) -> async_graphql::Result<Vec<RankedArticle>> {
-        let ArticleMetric::Views = by;
         let first = first.unwrap_or(DEFAULT_RANKING_SIZE);
         if !(0..=MAX_RANKING_SIZE).contains(&first) {
             return Err(AppError::bad_input(
@@ -127,12 +141,15 @@ impl ViewsQuery {
             ))
             .gql();
         }
-        let ranked = services(ctx)
-            .views
-            .top(window.into(), first as usize)
-            .await
-            .gql()?;
+        let services = services(ctx);
+        let ranked = match by {
+            ArticleMetric::Views => services.views.top(window.into(), first as usize).await,
+            ArticleMetric::Likes => services.likes.top(window.into(), first as usize).await,
+        }
+        .gql()?;
         let mut found = load_articles(ctx, ranked.iter().map(|(article, _)| *article)).await?;
+        let rows: Vec<&articles::Model> = found.values().map(|article| &article.0).collect();
+        prefetch_articles(ctx, ctx.look_ahead().field("article"), &rows).await?;
         // An article deleted since it was ranked simply drops out.
         let present = ranked
             .into_iter()

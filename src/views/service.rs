@@ -131,6 +131,7 @@ impl ViewService {
             .arg(buckets::DAY_BUCKET_TTL.as_secs())
             .arg(buckets::WEEK_BUCKET_TTL.as_secs())
             .arg(sql_count.map(|count| count.to_string()).unwrap_or_default())
+            .arg(self.redis.keys.article_stats_channel(article))
             .invoke_async(&mut conn)
             .await?)
     }

@@ -13,33 +13,39 @@ use crate::helpers::{PASSWORD, TestApp, pulse_command, test_config};
 
 const VIEWS: usize = 50;
 
-/// Holds SQL's write lock on the batch table, so that a flusher blocks right after taking a batch
-/// and before committing it.
+/// Holds SQL's write lock on a table (on SQLite, on the whole file), so that a writer of it blocks:
+/// the view flusher right after taking a batch and before committing it, the like archiver in the
+/// middle of its batch.
 pub(crate) struct SqlLock {
     conn: DatabaseConnection,
+    table: &'static str,
     release: &'static str,
 }
 
 impl SqlLock {
-    pub(crate) async fn take(url: &str) -> Self {
+    pub(crate) async fn take(url: &str, table: &'static str) -> Self {
         let mut options = ConnectOptions::new(url);
         options.max_connections(1).min_connections(1);
         let conn = Database::connect(options).await.unwrap();
-        let (statements, release): (&[&str], _) = match conn.get_database_backend() {
-            sea_orm::DbBackend::Sqlite => (&["BEGIN EXCLUSIVE"], "ROLLBACK"),
+        let (statements, release) = match conn.get_database_backend() {
+            sea_orm::DbBackend::Sqlite => (vec!["BEGIN EXCLUSIVE".to_owned()], "ROLLBACK"),
             sea_orm::DbBackend::Postgres => (
-                &[
-                    "BEGIN",
-                    "LOCK TABLE view_flush_batches IN ACCESS EXCLUSIVE MODE",
+                vec![
+                    "BEGIN".to_owned(),
+                    format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"),
                 ],
                 "ROLLBACK",
             ),
-            _ => (&["LOCK TABLES view_flush_batches WRITE"], "UNLOCK TABLES"),
+            _ => (vec![format!("LOCK TABLES {table} WRITE")], "UNLOCK TABLES"),
         };
         for statement in statements {
-            conn.execute_unprepared(statement).await.unwrap();
+            conn.execute_unprepared(&statement).await.unwrap();
         }
-        Self { conn, release }
+        Self {
+            conn,
+            table,
+            release,
+        }
     }
 
     /// Waits until another connection waits for this lock (PostgreSQL and MariaDB list their
@@ -47,15 +53,15 @@ impl SqlLock {
     pub(crate) async fn wait_for_a_waiter(&self) {
         let waiters = match self.conn.get_database_backend() {
             sea_orm::DbBackend::Sqlite => return,
-            sea_orm::DbBackend::Postgres => {
+            sea_orm::DbBackend::Postgres => format!(
                 "SELECT COUNT(*) AS n FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
-                 WHERE NOT l.granted AND c.relname = 'view_flush_batches' \
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            }
-            _ => {
-                "SELECT COUNT(*) AS n FROM information_schema.processlist \
+                 WHERE NOT l.granted AND c.relname = '{}' \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                self.table
+            ),
+            _ => "SELECT COUNT(*) AS n FROM information_schema.processlist \
                  WHERE db = DATABASE() AND state LIKE 'Waiting for table%lock'"
-            }
+                .to_owned(),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
@@ -63,7 +69,7 @@ impl SqlLock {
                 .conn
                 .query_one_raw(sea_orm::Statement::from_string(
                     self.conn.get_database_backend(),
-                    waiters,
+                    waiters.clone(),
                 ))
                 .await
                 .unwrap()
@@ -85,8 +91,22 @@ impl SqlLock {
     }
 }
 
-/// The real `pulse` binary, configured like `config`, as a separate process that can be killed.
-async fn spawn_server_process(config: &Config, port: u16) -> tokio::process::Child {
+/// A loopback port nothing listens on now.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The real `pulse` binary, configured like `config` (and `extra` settings), as a separate process
+/// that can be killed.
+pub(crate) async fn spawn_server_process(
+    config: &Config,
+    port: u16,
+    extra: &[(&str, &str)],
+) -> tokio::process::Child {
     let child = pulse_command()
         .arg("serve")
         .env("DATABASE_URL", config.database_url())
@@ -103,6 +123,7 @@ async fn spawn_server_process(config: &Config, port: u16) -> tokio::process::Chi
         .env("PULSE_VIEW_FLUSH_INTERVAL", "200ms")
         .env("PULSE_VIEW_FLUSH_LEASE", "1s")
         .env("RUST_LOG", "warn")
+        .envs(extra.iter().copied())
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()
@@ -158,12 +179,8 @@ async fn batches_in_flight(config: &Config) -> usize {
 #[tokio::test]
 async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_nothing() {
     let config = test_config(|_| {}).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = spawn_server_process(&config, port).await;
+    let port = free_port();
+    let mut server = spawn_server_process(&config, port, &[]).await;
 
     let signed_up = post(
         port,
@@ -190,7 +207,7 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
         .unwrap()
         .to_owned();
 
-    let lock = SqlLock::take(&config.database_url()).await;
+    let lock = SqlLock::take(&config.database_url(), "view_flush_batches").await;
     let mut counted = 0;
     for viewer in 0..VIEWS {
         let response = post(

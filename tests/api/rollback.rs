@@ -193,7 +193,7 @@ async fn a_snapshot_taken_while_a_batch_was_in_flight_is_still_exact() {
         200
     );
 
-    let lock = SqlLock::take(&app.config.database_url()).await;
+    let lock = SqlLock::take(&app.config.database_url(), "view_flush_batches").await;
     let blocked = {
         // A lease that is over by the time the snapshot comes back, as after a real restart.
         let flusher = ViewFlusher::new(

@@ -1,0 +1,567 @@
+//! The likes archive job: moves like and unlike events from the shards' streams into SQL.
+//!
+//! Each batch (events of one shard, in stream order) is one SQL transaction that:
+//! 1. locks the shard's `like_archive_shards` row, so batches of one shard never interleave, even
+//!    when two consumers hold entries of the same shard (a lease ran out on a slow one);
+//! 2. skips events whose id `like_events` already has (a replay after a crash, or `retry-dead`);
+//! 3. applies the others as state transitions against SQL's own `likes` rows, in the order of their
+//!    sequence: an event older than the row's (a dead consumer's entries are taken over after newer
+//!    ones were archived) changes nothing, and a like where SQL has the like already (or an unlike
+//!    where it has none) changes no count, so even events from a Redis that came back older than SQL
+//!    cannot count twice;
+//! 4. adds each subject's net change to its `like_count`, bumps its `like_version`, inserts one
+//!    `like_events` row per event with the count after it and its local date, and upserts the
+//!    `likes` rows whose state changed.
+//!
+//! Then one script settles the batch in Redis (`lua/like_settle.lua`): it acknowledges the entries
+//! itself and subtracts from the pending counts only what its own acknowledgement covered, so a
+//! batch settled twice subtracts once; it caches SQL's counts (unless a newer one is cached) and
+//! SQL's state of each relation, and drops the archived relations from the unarchived hash. A crash
+//! between the commit and the settle leaves the entries pending: they come again, step 2 recognises
+//! them, and the settle runs then.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait as _, OnConflict};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, EntityTrait,
+    QueryFilter, QuerySelect, TransactionTrait,
+};
+
+use super::Subject;
+use super::service::SqlCount;
+use crate::entities::{articles, comments, like_archive_shards, like_events, likes};
+use crate::jobs::{Entry, Job, JobSpec};
+use crate::redis::Redis;
+use crate::redis::keys::{LIKE_SHARDS, LikeShardKeys, like_field};
+
+pub const SPEC: JobSpec = JobSpec {
+    name: "likes-archive",
+    shards: LIKE_SHARDS,
+    tag: "l",
+};
+
+/// Rows per multi-row statement.
+const CHUNK: usize = 200;
+
+/// One like or unlike as the like script appended it.
+#[derive(Clone, Debug)]
+struct Event {
+    /// The stream entry's id, which the settle acknowledges.
+    entry: String,
+    id: String,
+    user: i64,
+    subject: Subject,
+    liked: bool,
+    seq: i64,
+    at: DateTime<Utc>,
+}
+
+impl Event {
+    fn parse(entry: &Entry) -> anyhow::Result<Self> {
+        let field = |name: &str| {
+            entry
+                .field(name)
+                .ok_or_else(|| anyhow!("like event {} has no {name}", entry.id))
+        };
+        let number = |name: &str| -> anyhow::Result<i64> {
+            field(name)?
+                .parse()
+                .with_context(|| format!("like event {} has a malformed {name}", entry.id))
+        };
+        let id = field("event")?;
+        if id.is_empty() || id.len() > 32 {
+            bail!("like event {} has a malformed event id", entry.id);
+        }
+        let kind = i16::try_from(number("kind")?)?;
+        let subject = Subject::from_kind_code(kind, number("subject")?)
+            .ok_or_else(|| anyhow!("like event {} has an unknown subject kind", entry.id))?;
+        let liked = match field("liked")? {
+            "1" => true,
+            "0" => false,
+            other => bail!("like event {} has liked = {other:?}", entry.id),
+        };
+        let at = DateTime::from_timestamp_millis(number("at")?)
+            .ok_or_else(|| anyhow!("like event {} has a malformed time", entry.id))?;
+        Ok(Self {
+            entry: entry.id.clone(),
+            id: id.to_owned(),
+            user: number("user")?,
+            subject,
+            liked,
+            seq: number("seq")?,
+            at,
+        })
+    }
+
+    fn relation(&self) -> (i64, Subject) {
+        (self.user, self.subject)
+    }
+}
+
+/// A relation as SQL holds it: liked or not, as of the event with this sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Relation {
+    liked: bool,
+    seq: i64,
+}
+
+/// What a committed batch left in SQL, for the settle.
+struct Committed {
+    /// Every subject of the batch that exists, with its count after the batch.
+    counts: HashMap<Subject, SqlCount>,
+    /// SQL's state of every relation of the batch.
+    relations: HashMap<(i64, Subject), Relation>,
+    archived: usize,
+    unchanged: usize,
+}
+
+pub struct LikeArchiver {
+    db: DatabaseConnection,
+    redis: Redis,
+    relation_ttl: Duration,
+    zone: Tz,
+}
+
+impl LikeArchiver {
+    pub fn new(db: DatabaseConnection, redis: Redis, relation_ttl: Duration, zone: Tz) -> Self {
+        Self {
+            db,
+            redis,
+            relation_ttl,
+            zone,
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(shard, events = events.len()))]
+    async fn commit(&self, shard: u32, events: &[Event]) -> anyhow::Result<Committed> {
+        let txn = self.db.begin().await?;
+        // The lock goes first: it also makes the transaction a writer from its first statement,
+        // which SQLite needs (it cannot upgrade a reader while other writers commit).
+        let locked = like_archive_shards::Entity::update_many()
+            .col_expr(
+                like_archive_shards::Column::Batches,
+                Expr::col(like_archive_shards::Column::Batches).add(1),
+            )
+            .filter(like_archive_shards::Column::Shard.eq(shard as i32))
+            .exec(&txn)
+            .await?;
+        if locked.rows_affected == 0 {
+            bail!("like_archive_shards has no row for shard {shard}");
+        }
+        let archived = archived_ids(&txn, events).await?;
+        let mut relations = sql_relations(&txn, events).await?;
+        let mut changed_relations = HashSet::new();
+        let mut deltas: HashMap<Subject, i64> = HashMap::new();
+        let mut fresh: Vec<(&Event, bool)> = Vec::new();
+        let mut seen = HashSet::new();
+        for event in events {
+            if archived.contains(&event.id) || !seen.insert(event.id.as_str()) {
+                continue;
+            }
+            let state = relations.entry(event.relation()).or_default();
+            let mut changed = false;
+            if event.seq > state.seq {
+                changed = state.liked != event.liked;
+                *state = Relation {
+                    liked: event.liked,
+                    seq: event.seq,
+                };
+                changed_relations.insert(event.relation());
+                if changed {
+                    *deltas.entry(event.subject).or_default() += if event.liked { 1 } else { -1 };
+                }
+            }
+            fresh.push((event, changed));
+        }
+        add_to_counts(&txn, &deltas).await?;
+        let subjects: HashSet<Subject> = events.iter().map(|event| event.subject).collect();
+        let counts = sql_counts(&txn, &subjects).await?;
+        let mut running: HashMap<Subject, i64> = counts
+            .iter()
+            .map(|(subject, count)| {
+                let before = count.count - deltas.get(subject).copied().unwrap_or(0);
+                (*subject, before)
+            })
+            .collect();
+        let mut rows = Vec::with_capacity(fresh.len());
+        for &(event, changed) in &fresh {
+            let count = running.entry(event.subject).or_default();
+            if changed {
+                *count += if event.liked { 1 } else { -1 };
+            }
+            rows.push(like_events::ActiveModel {
+                event_id: Set(event.id.clone()),
+                user_id: Set(event.user),
+                subject_kind: Set(event.subject.kind_code()),
+                subject_id: Set(event.subject.id()),
+                liked: Set(event.liked),
+                like_count: Set(*count),
+                date_key: Set(date_key(event.at, self.zone)),
+                created_at: Set(event.at.naive_utc()),
+                ..Default::default()
+            });
+        }
+        for chunk in rows.chunks(CHUNK) {
+            like_events::Entity::insert_many(chunk.to_vec())
+                .exec_without_returning(&txn)
+                .await?;
+        }
+        let now = crate::db::now();
+        let upserts: Vec<likes::ActiveModel> = changed_relations
+            .iter()
+            .map(|&(user, subject)| {
+                let relation = relations[&(user, subject)];
+                likes::ActiveModel {
+                    user_id: Set(user),
+                    subject_kind: Set(subject.kind_code()),
+                    subject_id: Set(subject.id()),
+                    liked: Set(relation.liked),
+                    seq: Set(relation.seq),
+                    updated_at: Set(now),
+                }
+            })
+            .collect();
+        for chunk in upserts.chunks(CHUNK) {
+            likes::Entity::insert_many(chunk.to_vec())
+                .on_conflict(
+                    OnConflict::columns([
+                        likes::Column::UserId,
+                        likes::Column::SubjectKind,
+                        likes::Column::SubjectId,
+                    ])
+                    .update_columns([
+                        likes::Column::Liked,
+                        likes::Column::Seq,
+                        likes::Column::UpdatedAt,
+                    ])
+                    .to_owned(),
+                )
+                .exec_without_returning(&txn)
+                .await?;
+        }
+        txn.commit().await?;
+        Ok(Committed {
+            counts,
+            relations,
+            archived: fresh.len(),
+            unchanged: fresh.iter().filter(|(_, changed)| !changed).count(),
+        })
+    }
+
+    /// See `lua/like_settle.lua`.
+    #[tracing::instrument(skip_all, fields(shard, events = events.len()))]
+    async fn settle(
+        &self,
+        shard: u32,
+        events: &[Event],
+        committed: &Committed,
+    ) -> anyhow::Result<()> {
+        let keys = self.redis.keys.like_shard_by_index(shard);
+        let mut invocation = self.redis.scripts.like_settle.prepare_invoke();
+        invocation
+            .key(keys.unarchived())
+            .key(keys.base())
+            .key(keys.base_versions())
+            .key(keys.pending())
+            .key(SPEC.keys(&self.redis, shard).stream())
+            .key(keys.rank_all_time());
+        invocation
+            .arg(SPEC.name)
+            .arg(std::cmp::max(self.relation_ttl.as_secs(), 1))
+            .arg(events.len());
+        for event in events {
+            invocation
+                .arg(&event.entry)
+                .arg(like_field(event.subject))
+                .arg(if event.liked { 1 } else { -1 });
+        }
+        invocation.arg(committed.counts.len());
+        for (subject, count) in &committed.counts {
+            let article = match subject {
+                Subject::Article(id) => id.to_string(),
+                Subject::Comment(_) => String::new(),
+            };
+            invocation
+                .arg(like_field(*subject))
+                .arg(count.count)
+                .arg(count.version)
+                .arg(article);
+        }
+        // Each relation's last event in the batch: what it wrote is what the unarchived hash holds
+        // unless a later change came since.
+        let mut last: HashMap<(i64, Subject), &Event> = HashMap::new();
+        for event in events {
+            let slot = last.entry(event.relation()).or_insert(event);
+            if event.seq > slot.seq {
+                *slot = event;
+            }
+        }
+        for (&(user, subject), event) in &last {
+            let in_sql = committed
+                .relations
+                .get(&(user, subject))
+                .copied()
+                .unwrap_or_default();
+            invocation.key(keys.relation(subject, user));
+            invocation
+                .arg(LikeShardKeys::relation_field(subject, user))
+                .arg(2 * event.seq + i64::from(event.liked))
+                .arg(2 * in_sql.seq + i64::from(in_sql.liked));
+        }
+        let mut conn = self.redis.conn.clone();
+        let acknowledged: u64 = invocation.invoke_async(&mut conn).await?;
+        tracing::debug!(shard, acknowledged, "like events settled");
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Job for LikeArchiver {
+    fn spec(&self) -> JobSpec {
+        SPEC
+    }
+
+    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+        let Some(shard) = batch.first().map(|entry| entry.shard) else {
+            return Ok(());
+        };
+        let events = batch
+            .iter()
+            .map(Event::parse)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let committed = self.commit(shard, &events).await?;
+        metrics::counter!("pulse_like_events_archived_total").increment(committed.archived as u64);
+        if committed.unchanged > 0 {
+            // Redis counted a change that SQL already had: it had come back older than SQL.
+            metrics::counter!("pulse_like_events_unchanged_total")
+                .increment(committed.unchanged as u64);
+            tracing::warn!(
+                shard,
+                events = committed.unchanged,
+                "like events that change nothing in SQL: Redis had lost state SQL holds"
+            );
+        }
+        self.settle(shard, &events, &committed).await
+    }
+}
+
+/// The ids among `events` that `like_events` already holds.
+async fn archived_ids(
+    txn: &DatabaseTransaction,
+    events: &[Event],
+) -> anyhow::Result<HashSet<String>> {
+    let mut found = HashSet::new();
+    for chunk in events.chunks(CHUNK) {
+        let rows: Vec<String> = like_events::Entity::find()
+            .select_only()
+            .column(like_events::Column::EventId)
+            .filter(like_events::Column::EventId.is_in(chunk.iter().map(|event| event.id.clone())))
+            .into_tuple()
+            .all(txn)
+            .await?;
+        found.extend(rows);
+    }
+    Ok(found)
+}
+
+/// SQL's state of every relation among `events` (not liked, at sequence 0, where SQL has no row).
+async fn sql_relations(
+    txn: &DatabaseTransaction,
+    events: &[Event],
+) -> anyhow::Result<HashMap<(i64, Subject), Relation>> {
+    let wanted: HashSet<(i64, Subject)> = events.iter().map(Event::relation).collect();
+    let wanted: Vec<_> = wanted.into_iter().collect();
+    let mut states: HashMap<(i64, Subject), Relation> = wanted
+        .iter()
+        .map(|&relation| (relation, Relation::default()))
+        .collect();
+    for chunk in wanted.chunks(CHUNK) {
+        let mut any = Condition::any();
+        for &(user, subject) in chunk {
+            any = any.add(
+                Condition::all()
+                    .add(likes::Column::UserId.eq(user))
+                    .add(likes::Column::SubjectKind.eq(subject.kind_code()))
+                    .add(likes::Column::SubjectId.eq(subject.id())),
+            );
+        }
+        for row in likes::Entity::find().filter(any).all(txn).await? {
+            if let Some(subject) = Subject::from_kind_code(row.subject_kind, row.subject_id) {
+                let relation = Relation {
+                    liked: row.liked,
+                    seq: row.seq,
+                };
+                states.insert((row.user_id, subject), relation);
+            }
+        }
+    }
+    Ok(states)
+}
+
+/// Adds each subject's net change to its `like_count` and bumps its `like_version`.
+async fn add_to_counts(
+    txn: &DatabaseTransaction,
+    deltas: &HashMap<Subject, i64>,
+) -> anyhow::Result<()> {
+    let (mut on_articles, mut on_comments) = (Vec::new(), Vec::new());
+    for (&subject, &delta) in deltas.iter().filter(|(_, delta)| **delta != 0) {
+        match subject {
+            Subject::Article(id) => on_articles.push((id, delta)),
+            Subject::Comment(id) => on_comments.push((id, delta)),
+        }
+    }
+    for chunk in on_articles.chunks(CHUNK) {
+        let mut by_id = CaseStatement::new();
+        for &(id, delta) in chunk {
+            by_id = by_id.case(
+                articles::Column::Id.eq(id),
+                Expr::col(articles::Column::LikeCount).add(delta),
+            );
+        }
+        articles::Entity::update_many()
+            .col_expr(
+                articles::Column::LikeCount,
+                by_id.finally(Expr::col(articles::Column::LikeCount)).into(),
+            )
+            .col_expr(
+                articles::Column::LikeVersion,
+                Expr::col(articles::Column::LikeVersion).add(1),
+            )
+            .filter(articles::Column::Id.is_in(chunk.iter().map(|(id, _)| *id)))
+            .exec(txn)
+            .await?;
+    }
+    for chunk in on_comments.chunks(CHUNK) {
+        let mut by_id = CaseStatement::new();
+        for &(id, delta) in chunk {
+            by_id = by_id.case(
+                comments::Column::Id.eq(id),
+                Expr::col(comments::Column::LikeCount).add(delta),
+            );
+        }
+        comments::Entity::update_many()
+            .col_expr(
+                comments::Column::LikeCount,
+                by_id.finally(Expr::col(comments::Column::LikeCount)).into(),
+            )
+            .col_expr(
+                comments::Column::LikeVersion,
+                Expr::col(comments::Column::LikeVersion).add(1),
+            )
+            .filter(comments::Column::Id.is_in(chunk.iter().map(|(id, _)| *id)))
+            .exec(txn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The count and version of every subject of `subjects` that exists.
+async fn sql_counts(
+    txn: &DatabaseTransaction,
+    subjects: &HashSet<Subject>,
+) -> anyhow::Result<HashMap<Subject, SqlCount>> {
+    let (mut article_ids, mut comment_ids) = (Vec::new(), Vec::new());
+    for subject in subjects {
+        match subject {
+            Subject::Article(id) => article_ids.push(*id),
+            Subject::Comment(id) => comment_ids.push(*id),
+        }
+    }
+    let mut counts = HashMap::new();
+    for chunk in article_ids.chunks(CHUNK) {
+        let rows: Vec<(i64, i64, i64)> = articles::Entity::find()
+            .select_only()
+            .column(articles::Column::Id)
+            .column(articles::Column::LikeCount)
+            .column(articles::Column::LikeVersion)
+            .filter(articles::Column::Id.is_in(chunk.iter().copied()))
+            .into_tuple()
+            .all(txn)
+            .await?;
+        counts.extend(
+            rows.into_iter()
+                .map(|(id, count, version)| (Subject::Article(id), SqlCount { count, version })),
+        );
+    }
+    for chunk in comment_ids.chunks(CHUNK) {
+        let rows: Vec<(i64, i64, i64)> = comments::Entity::find()
+            .select_only()
+            .column(comments::Column::Id)
+            .column(comments::Column::LikeCount)
+            .column(comments::Column::LikeVersion)
+            .filter(comments::Column::Id.is_in(chunk.iter().copied()))
+            .into_tuple()
+            .all(txn)
+            .await?;
+        counts.extend(
+            rows.into_iter()
+                .map(|(id, count, version)| (Subject::Comment(id), SqlCount { count, version })),
+        );
+    }
+    Ok(counts)
+}
+
+/// The local date of `at` as a number: 20261123.
+fn date_key(at: DateTime<Utc>, zone: Tz) -> i32 {
+    let date = at.with_timezone(&zone).date_naive();
+    use chrono::Datelike as _;
+    date.year() * 10_000 + date.month() as i32 * 100 + date.day() as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn date_keys_follow_the_zone() {
+        let at: DateTime<Utc> = "2026-11-23T23:30:00Z".parse().unwrap();
+        assert_eq!(date_key(at, chrono_tz::UTC), 20261123);
+        assert_eq!(date_key(at, chrono_tz::Asia::Shanghai), 20261124);
+    }
+
+    fn entry(fields: &[(&str, &str)]) -> Entry {
+        Entry {
+            shard: 3,
+            id: "1-0".into(),
+            fields: fields
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
+            deliveries: 1,
+        }
+    }
+
+    #[test]
+    fn events_parse_and_malformed_ones_are_refused() {
+        let good = [
+            ("event", "00ff"),
+            ("user", "9"),
+            ("kind", "2"),
+            ("subject", "19"),
+            ("liked", "1"),
+            ("seq", "4"),
+            ("at", "1763900000000"),
+        ];
+        let event = Event::parse(&entry(&good)).unwrap();
+        assert_eq!(event.subject, Subject::Comment(19));
+        assert!(event.liked);
+        for (name, bad) in [
+            ("kind", "7"),
+            ("liked", "yes"),
+            ("user", "x"),
+            ("event", ""),
+        ] {
+            let fields: Vec<_> = good
+                .iter()
+                .map(|&(field, value)| (field, if field == name { bad } else { value }))
+                .collect();
+            assert!(Event::parse(&entry(&fields)).is_err(), "{name} = {bad}");
+        }
+        assert!(Event::parse(&entry(&good[1..])).is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! Coalesced live snapshots: however many local subscribers watch a key and however many changes
+//! are announced for it, a process reads the key's snapshot at most once per tick.
+//!
+//! For each key `K` with local subscribers, a process runs one watcher. The watcher listens to the
+//! key's pub/sub channel through the [`Hub`] (one Redis subscription per channel per process); a
+//! message there only marks the key dirty. On each tick a dirty watcher makes exactly one read (the
+//! `read` closure given at construction) and hands the snapshot to its subscribers if its value
+//! differs from the last one handed out, so a change nobody can see sends nothing. A subscriber
+//! gets the last snapshot at once (or the first one as soon as it is read), then each new one;
+//! a slow subscriber skips to the latest rather than queueing stale ones. The watcher stops with
+//! its last subscriber.
+//!
+//! Each snapshot carries a version that its reader takes from the same atomic read as the value
+//! (e.g. a sequence that grows with every change), so versions compare across processes: a client
+//! that reconnects to another process drops a snapshot older than the last one it showed.
+//!
+//! A read may also say when it goes stale without any announcement (a period that ends): the
+//! watcher then reads again at that time.
+//!
+//! Usage (one `Coalescer` per kind of key, shared by the process):
+//!
+//! ```text
+//! let stats = Coalescer::new(CoalescerConfig { kind: "article_stats", tick, hub, tasks, shutdown },
+//!     move |article: &i64| keys.article_stats_channel(*article),
+//!     move |article: i64| { let service = service.clone(); async move { service.stats_snapshot(article).await }.boxed() });
+//! let stream = stats.subscribe(article_id); // Stream<Item = Arc<Snapshot<Stats>>>
+//! ```
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::{Stream, StreamExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_stream::wrappers::WatchStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::Hub;
+use crate::error::AppResult;
+
+/// One read of a key.
+#[derive(Clone, Debug)]
+pub struct Snapshot<T> {
+    /// Grows with every change of what was read; comparable across processes.
+    pub version: i64,
+    pub value: T,
+    /// Read again at this time even if nothing is announced.
+    pub refresh_at: Option<Instant>,
+}
+
+/// Where a coalescer's watchers run, and how often they may read.
+pub struct CoalescerConfig<'a> {
+    /// Names the metrics' `kind` label.
+    pub kind: &'static str,
+    pub tick: Duration,
+    pub hub: &'a Hub,
+    pub tasks: &'a TaskTracker,
+    pub shutdown: &'a CancellationToken,
+}
+
+type ChannelOf<K> = dyn Fn(&K) -> String + Send + Sync;
+type ReadOf<K, T> = dyn Fn(K) -> BoxFuture<'static, AppResult<Snapshot<T>>> + Send + Sync;
+type Latest<T> = Option<Arc<Snapshot<T>>>;
+
+pub struct Coalescer<K, T> {
+    inner: Arc<Inner<K, T>>,
+}
+
+impl<K, T> Clone for Coalescer<K, T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<K, T> {
+    kind: &'static str,
+    tick: Duration,
+    hub: Hub,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    channel: Box<ChannelOf<K>>,
+    read: Box<ReadOf<K, T>>,
+    watchers: Mutex<HashMap<K, Watcher<T>>>,
+    reads: AtomicU64,
+}
+
+struct Watcher<T> {
+    latest: watch::Sender<Latest<T>>,
+    subscribers: usize,
+    stop: CancellationToken,
+}
+
+impl<K, T> Coalescer<K, T>
+where
+    K: Clone + Eq + Hash + Send + Sync + std::fmt::Debug + 'static,
+    T: PartialEq + Send + Sync + 'static,
+{
+    /// `channel` names the pub/sub channel announcing changes of a key; `read` reads its snapshot
+    /// (one read per call: the coalescer counts calls).
+    pub fn new(
+        config: CoalescerConfig<'_>,
+        channel: impl Fn(&K) -> String + Send + Sync + 'static,
+        read: impl Fn(K) -> BoxFuture<'static, AppResult<Snapshot<T>>> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                kind: config.kind,
+                tick: config.tick,
+                hub: config.hub.clone(),
+                tasks: config.tasks.clone(),
+                shutdown: config.shutdown.clone(),
+                channel: Box::new(channel),
+                read: Box::new(read),
+                watchers: Mutex::new(HashMap::new()),
+                reads: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The key's snapshots from now on: the latest at once, then each one that differs.
+    pub fn subscribe(&self, key: K) -> Coalesced<K, T> {
+        let mut watchers = self.inner.lock();
+        let watcher = watchers.entry(key.clone()).or_insert_with(|| {
+            let (latest, _) = watch::channel(None);
+            let stop = self.inner.shutdown.child_token();
+            let task = watch_key(
+                self.inner.clone(),
+                key.clone(),
+                latest.clone(),
+                stop.clone(),
+            );
+            self.inner.tasks.spawn(task);
+            metrics::gauge!("pulse_realtime_watchers", "kind" => self.inner.kind).increment(1);
+            Watcher {
+                latest,
+                subscribers: 0,
+                stop,
+            }
+        });
+        watcher.subscribers += 1;
+        let snapshots = WatchStream::new(watcher.latest.subscribe());
+        Coalesced {
+            snapshots,
+            membership: Membership {
+                inner: self.inner.clone(),
+                key,
+            },
+        }
+    }
+
+    /// Snapshot reads this coalescer has made (for tests and metrics).
+    pub fn reads(&self) -> u64 {
+        self.inner.reads.load(Ordering::SeqCst)
+    }
+
+    /// Keys watched now.
+    pub fn watched(&self) -> usize {
+        self.inner.lock().len()
+    }
+
+    pub fn tick(&self) -> Duration {
+        self.inner.tick
+    }
+}
+
+impl<K, T> Inner<K, T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Watcher<T>>> {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The watcher of one key: marks it dirty on announcements, reads it at most once per tick.
+async fn watch_key<K, T>(
+    inner: Arc<Inner<K, T>>,
+    key: K,
+    latest: watch::Sender<Latest<T>>,
+    stop: CancellationToken,
+) where
+    K: Clone + std::fmt::Debug + Send + Sync + 'static,
+    T: PartialEq + Send + Sync + 'static,
+{
+    let mut announcements = inner.hub.subscribe((inner.channel)(&key));
+    let mut ticker = tokio::time::interval(inner.tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick comes at once: the first read is made right away. The subscription may reach
+    // Redis only after that read, so one more read follows on the next tick.
+    let mut dirty = true;
+    let mut reads_before_settled: u8 = 2;
+    let mut refresh_at: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            announcement = announcements.next() => match announcement {
+                Some(_) => dirty = true,
+                None => break,
+            },
+            _ = ticker.tick() => {
+                let stale = refresh_at.is_some_and(|at| Instant::now() >= at);
+                if !(dirty || stale || reads_before_settled > 0) {
+                    continue;
+                }
+                dirty = false;
+                reads_before_settled = reads_before_settled.saturating_sub(1);
+                inner.reads.fetch_add(1, Ordering::SeqCst);
+                metrics::counter!("pulse_realtime_snapshot_reads_total", "kind" => inner.kind).increment(1);
+                match (inner.read)(key.clone()).await {
+                    Ok(snapshot) => {
+                        refresh_at = snapshot.refresh_at;
+                        latest.send_if_modified(|current| {
+                            let changed = current.as_ref().is_none_or(|shown| shown.value != snapshot.value);
+                            if changed {
+                                *current = Some(Arc::new(snapshot));
+                            }
+                            changed
+                        });
+                    }
+                    Err(err) => {
+                        dirty = true;
+                        tracing::warn!(kind = inner.kind, key = ?key, error = %err, "cannot read a live snapshot; retrying next tick");
+                    }
+                }
+            }
+        }
+    }
+    metrics::gauge!("pulse_realtime_watchers", "kind" => inner.kind).decrement(1);
+}
+
+/// A subscriber's stream of snapshots. Dropping it lets the watcher stop once no one else watches.
+pub struct Coalesced<K: Eq + Hash, T> {
+    snapshots: WatchStream<Latest<T>>,
+    membership: Membership<K, T>,
+}
+
+// Nothing in a `Coalesced` is pinned structurally: the watch stream is `Unpin`, the membership a
+// plain value.
+impl<K: Eq + Hash, T> Unpin for Coalesced<K, T> {}
+
+impl<K: Eq + Hash, T: Send + Sync + 'static> Stream for Coalesced<K, T> {
+    type Item = Arc<Snapshot<T>>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            match self.snapshots.poll_next_unpin(cx) {
+                Poll::Ready(Some(Some(snapshot))) => return Poll::Ready(Some(snapshot)),
+                // Nothing read yet.
+                Poll::Ready(Some(None)) => {}
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl<K: Eq + Hash, T> Coalesced<K, T> {
+    pub fn key(&self) -> &K {
+        &self.membership.key
+    }
+}
+
+struct Membership<K: Eq + Hash, T> {
+    inner: Arc<Inner<K, T>>,
+    key: K,
+}
+
+impl<K: Eq + Hash, T> Drop for Membership<K, T> {
+    fn drop(&mut self) {
+        let mut watchers = self.inner.lock();
+        let Some(watcher) = watchers.get_mut(&self.key) else {
+            return;
+        };
+        watcher.subscribers -= 1;
+        if watcher.subscribers == 0
+            && let Some(watcher) = watchers.remove(&self.key)
+        {
+            watcher.stop.cancel();
+        }
+    }
+}
