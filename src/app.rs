@@ -78,6 +78,7 @@ impl Backends {
         )
         .await?;
         let redis = Redis::connect(redis_location.url(), &config.redis_prefix).await?;
+        redis.warn_if_evicting().await;
         Ok(Self {
             db,
             redis,

@@ -4,7 +4,7 @@ pub mod client_ip;
 mod graphql;
 mod ops;
 pub mod server;
-mod websocket;
+pub mod websocket;
 
 use std::sync::Arc;
 use std::time::Duration;

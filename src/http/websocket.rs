@@ -1,8 +1,10 @@
-//! The websocket driver. async-graphql speaks both protocols but leaves three things to its caller:
+//! The websocket driver. async-graphql speaks both protocols but leaves four things to its caller:
 //! a socket that never sends `connection_init` would stay open for good (here it is closed with 4408
 //! after the init timeout); a graphql-transport-ws `subscribe` under an id already running would
 //! silently replace that subscription (here it closes the socket with 4409, as the protocol says);
-//! and at shutdown the socket would just be cut (here it gets a 1001 "going away" close first).
+//! one socket could run any number of subscriptions, each a task and a channel on the server (here
+//! the one past [`MAX_SUBSCRIPTIONS`] closes the socket with 1008, policy violation); and at
+//! shutdown the socket would just be cut (here it gets a 1001 "going away" close first).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -17,6 +19,9 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::graphql::PulseSchema;
+
+/// Operations one socket may run at once.
+pub const MAX_SUBSCRIPTIONS: usize = 100;
 
 /// How long a closed socket waits for the client's answering close frame. Closing the connection
 /// while the client still sends would reset it, and a reset can take the close frame with it.
@@ -138,8 +143,8 @@ struct Session {
     initialised: bool,
     /// Whether the server has sent `connection_ack`.
     acknowledged: bool,
-    /// graphql-transport-ws ids whose operation is still running: from the client's `subscribe`
-    /// until the client's or the server's `complete`.
+    /// Ids whose operation is still running: from the client's `subscribe` (`start` on the legacy
+    /// protocol) until the client's or the server's `complete` (`stop`).
     running: HashSet<String>,
     /// The close a refused message calls for.
     refusal: Option<CloseFrame>,
@@ -172,10 +177,18 @@ impl Session {
         };
         match (kind.as_str(), id) {
             ("connection_init", _) => self.initialised = true,
-            ("subscribe" | "start", Some(id)) if self.protocol == WebSocketProtocols::GraphQLWS => {
-                if self.running.contains(&id) {
+            ("subscribe" | "start", Some(id)) => {
+                let running = self.running.contains(&id);
+                if running && self.protocol == WebSocketProtocols::GraphQLWS {
                     let reason = format!("Subscriber for {id} already exists");
                     self.refusal = Some(close_frame(4409, &reason));
+                    return false;
+                }
+                if !running && self.running.len() >= MAX_SUBSCRIPTIONS {
+                    let reason = format!(
+                        "more than {MAX_SUBSCRIPTIONS} operations at once on one connection"
+                    );
+                    self.refusal = Some(close_frame(1008, &reason));
                     return false;
                 }
                 self.running.insert(id);
@@ -298,6 +311,35 @@ mod tests {
         assert!(admit(&mut session, subscribe("1")));
         session.sent(r#"{"type":"complete","id":"1"}"#);
         assert!(admit(&mut session, subscribe("1")));
+    }
+
+    #[test]
+    fn a_socket_runs_at_most_so_many_operations_at_once_on_either_protocol() {
+        for (protocol, start) in [
+            (WebSocketProtocols::GraphQLWS, "subscribe"),
+            (WebSocketProtocols::SubscriptionsTransportWS, "start"),
+        ] {
+            let mut session = Session::new(protocol);
+            let message = |id: usize| serde_json::json!({ "type": start, "id": id.to_string() });
+            for id in 0..MAX_SUBSCRIPTIONS {
+                assert!(admit(&mut session, message(id)));
+            }
+            // Ending one makes room for another.
+            let stop = if start == "start" { "stop" } else { "complete" };
+            assert!(admit(
+                &mut session,
+                serde_json::json!({ "type": stop, "id": "0" })
+            ));
+            assert!(admit(&mut session, message(MAX_SUBSCRIPTIONS)));
+            assert!(!admit(&mut session, message(MAX_SUBSCRIPTIONS + 1)));
+            let refusal = session.refusal.expect("a close frame");
+            assert_eq!(refusal.code, 1008);
+            assert!(
+                refusal.reason.contains("more than 100"),
+                "{}",
+                refusal.reason
+            );
+        }
     }
 
     #[test]

@@ -55,6 +55,29 @@ impl Redis {
         })
     }
 
+    /// Warns when Redis may evict any key under memory pressure (an `allkeys-*` policy): streams,
+    /// pending counts and unarchived changes are not caches and must stay until SQL has them. A
+    /// Redis that hides `CONFIG` (some managed services do) is taken on trust.
+    pub async fn warn_if_evicting(&self) {
+        let mut conn = self.conn.clone();
+        let policy: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut conn)
+            .await;
+        match policy {
+            Ok(reply) => {
+                if let Some(policy) = reply.get(1).filter(|policy| policy.starts_with("allkeys")) {
+                    tracing::warn!(
+                        policy,
+                        "Redis may evict any key when full: use noeviction or a volatile-* policy, or changes not yet in SQL can be lost"
+                    );
+                }
+            }
+            Err(err) => tracing::debug!(error = %err, "cannot read Redis's maxmemory-policy"),
+        }
+    }
+
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
         redis::cmd("PING").query_async::<()>(&mut conn).await

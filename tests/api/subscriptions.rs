@@ -242,3 +242,25 @@ async fn subscriptions_survive_a_lost_pubsub_connection() {
     );
     private.stop().await;
 }
+
+#[tokio::test]
+async fn a_socket_running_too_many_subscriptions_is_closed_with_policy_violation() {
+    let app = TestApp::spawn().await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    let limit = pulse::http::websocket::MAX_SUBSCRIPTIONS;
+    for id in 0..=limit {
+        send(
+            &mut socket,
+            json!({ "id": id.to_string(), "type": "subscribe",
+                    "payload": { "query": "subscription { articlePublished { id } }" } }),
+        )
+        .await;
+    }
+    let frame = close_frame(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 1008, "{frame:?}");
+    assert!(frame.reason.contains("more than"), "{frame:?}");
+}

@@ -74,13 +74,14 @@ pub struct Session {
     pub awaited: Vec<String>,
 }
 
-/// Close codes of the graphql-transport-ws protocol and of a normal websocket close. 4500 is in
+/// Close codes of the graphql-transport-ws protocol and of a normal websocket close, and 1008
+/// (policy violation) for a socket running more operations at once than Pulse allows. 4500 is in
 /// the protocol but means an internal error: a failure.
-const TRANSPORT_WS_CLOSE_CODES: &[u16] = &[1000, 1001, 4400, 4401, 4403, 4408, 4409, 4429];
+const TRANSPORT_WS_CLOSE_CODES: &[u16] = &[1000, 1001, 1008, 4400, 4401, 4403, 4408, 4409, 4429];
 /// The legacy protocol names no close codes of its own: a message it cannot read is a websocket
-/// protocol error (1002); Pulse's init timeout and its code for an operation started before the
-/// acknowledgement (4401) apply to it too.
-const LEGACY_CLOSE_CODES: &[u16] = &[1000, 1001, 1002, 4401, 4408];
+/// protocol error (1002); Pulse's init timeout, its code for an operation started before the
+/// acknowledgement (4401) and its limit of operations at once (1008) apply to it too.
+const LEGACY_CLOSE_CODES: &[u16] = &[1000, 1001, 1002, 1008, 4401, 4408];
 
 impl Session {
     /// A session that sends `operations` as subscriptions after an ordinary `connection_init`.
