@@ -212,8 +212,10 @@ impl LikeArchiver {
                 .await?;
         }
         let now = crate::db::now();
+        // A subject deleted since (its likes went with it) gets no relation back.
         let upserts: Vec<likes::ActiveModel> = changed_relations
             .iter()
+            .filter(|(_, subject)| counts.contains_key(subject))
             .map(|&(user, subject)| {
                 let relation = relations[&(user, subject)];
                 likes::ActiveModel {
