@@ -36,6 +36,9 @@ pub enum AppError {
 
 pub type AppResult<T> = Result<T, AppError>;
 
+/// The outcome of work several callers share (a single-flight load): each gets the same error.
+pub type SharedResult<T> = Result<T, std::sync::Arc<AppError>>;
+
 impl AppError {
     pub fn bad_input(field: &'static str, message: impl Into<String>) -> Self {
         Self::BadUserInput {

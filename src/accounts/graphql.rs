@@ -1,4 +1,4 @@
-use async_graphql::{Context, ID, Object, SimpleObject};
+use async_graphql::{Context, ID, Lookahead, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 
 use super::loader::UserLoader;
@@ -49,6 +49,19 @@ impl User {
         prefetch_page(ctx, &articles).await?;
         Ok(connection(articles, Article))
     }
+}
+
+/// Loads the users of `ids` in one batch when `node` (the selection of one item of a list)
+/// selects `author`; see [`crate::graphql::loaders`].
+pub async fn prefetch_authors(
+    ctx: &Context<'_>,
+    node: &Lookahead<'_>,
+    ids: impl IntoIterator<Item = i64>,
+) -> async_graphql::Result<()> {
+    if node.field("author").exists() {
+        loaders(ctx).get::<UserLoader>().load_many(ids).await?;
+    }
+    Ok(())
 }
 
 /// Loads a user through the request's batching loader.

@@ -4,8 +4,7 @@ use futures_util::{Stream, StreamExt};
 
 use super::loader::ArticleLoader;
 use super::service::{ArticleChanges, NEWEST, USER_ARTICLES};
-use crate::accounts::graphql::{User, load_user};
-use crate::accounts::loader::UserLoader;
+use crate::accounts::graphql::{User, load_user, prefetch_authors};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
@@ -100,13 +99,7 @@ pub async fn prefetch_articles(
     if rows.is_empty() {
         return Ok(());
     }
-    let authors = async {
-        if node.field("author").exists() {
-            let ids = rows.iter().map(|row| row.author_id);
-            loaders(ctx).get::<UserLoader>().load_many(ids).await?;
-        }
-        Ok::<_, async_graphql::Error>(())
-    };
+    let authors = prefetch_authors(ctx, &node, rows.iter().map(|row| row.author_id));
     let views = async {
         if node.field("viewCount").exists() {
             let ids = rows.iter().map(|row| row.id);

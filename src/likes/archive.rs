@@ -26,15 +26,15 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow, bail};
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait as _, OnConflict};
+use sea_orm::sea_query::{Expr, ExprTrait as _, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, EntityTrait,
     QueryFilter, QuerySelect, TransactionTrait,
 };
 
-use super::Subject;
 use super::service::SqlCount;
-use crate::entities::{articles, comments, like_archive_shards, like_events, likes};
+use super::{Subject, counts};
+use crate::entities::{like_archive_shards, like_events, likes};
 use crate::jobs::{Entry, Job, JobSpec};
 use crate::redis::Redis;
 use crate::redis::keys::{LIKE_SHARDS, LikeShardKeys, like_field};
@@ -178,9 +178,9 @@ impl LikeArchiver {
             }
             fresh.push((event, changed));
         }
-        add_to_counts(&txn, &deltas).await?;
+        counts::add(&txn, &deltas).await?;
         let subjects: HashSet<Subject> = events.iter().map(|event| event.subject).collect();
-        let counts = sql_counts(&txn, &subjects).await?;
+        let counts = counts::read(&txn, subjects).await?;
         let mut running: HashMap<Subject, i64> = counts
             .iter()
             .map(|(subject, count)| {
@@ -403,109 +403,6 @@ async fn sql_relations(
         }
     }
     Ok(states)
-}
-
-/// Adds each subject's net change to its `like_count` and bumps its `like_version`.
-async fn add_to_counts(
-    txn: &DatabaseTransaction,
-    deltas: &HashMap<Subject, i64>,
-) -> anyhow::Result<()> {
-    let (mut on_articles, mut on_comments) = (Vec::new(), Vec::new());
-    for (&subject, &delta) in deltas.iter().filter(|(_, delta)| **delta != 0) {
-        match subject {
-            Subject::Article(id) => on_articles.push((id, delta)),
-            Subject::Comment(id) => on_comments.push((id, delta)),
-        }
-    }
-    for chunk in on_articles.chunks(CHUNK) {
-        let mut by_id = CaseStatement::new();
-        for &(id, delta) in chunk {
-            by_id = by_id.case(
-                articles::Column::Id.eq(id),
-                Expr::col(articles::Column::LikeCount).add(delta),
-            );
-        }
-        articles::Entity::update_many()
-            .col_expr(
-                articles::Column::LikeCount,
-                by_id.finally(Expr::col(articles::Column::LikeCount)).into(),
-            )
-            .col_expr(
-                articles::Column::LikeVersion,
-                Expr::col(articles::Column::LikeVersion).add(1),
-            )
-            .filter(articles::Column::Id.is_in(chunk.iter().map(|(id, _)| *id)))
-            .exec(txn)
-            .await?;
-    }
-    for chunk in on_comments.chunks(CHUNK) {
-        let mut by_id = CaseStatement::new();
-        for &(id, delta) in chunk {
-            by_id = by_id.case(
-                comments::Column::Id.eq(id),
-                Expr::col(comments::Column::LikeCount).add(delta),
-            );
-        }
-        comments::Entity::update_many()
-            .col_expr(
-                comments::Column::LikeCount,
-                by_id.finally(Expr::col(comments::Column::LikeCount)).into(),
-            )
-            .col_expr(
-                comments::Column::LikeVersion,
-                Expr::col(comments::Column::LikeVersion).add(1),
-            )
-            .filter(comments::Column::Id.is_in(chunk.iter().map(|(id, _)| *id)))
-            .exec(txn)
-            .await?;
-    }
-    Ok(())
-}
-
-/// The count and version of every subject of `subjects` that exists.
-async fn sql_counts(
-    txn: &DatabaseTransaction,
-    subjects: &HashSet<Subject>,
-) -> anyhow::Result<HashMap<Subject, SqlCount>> {
-    let (mut article_ids, mut comment_ids) = (Vec::new(), Vec::new());
-    for subject in subjects {
-        match subject {
-            Subject::Article(id) => article_ids.push(*id),
-            Subject::Comment(id) => comment_ids.push(*id),
-        }
-    }
-    let mut counts = HashMap::new();
-    for chunk in article_ids.chunks(CHUNK) {
-        let rows: Vec<(i64, i64, i64)> = articles::Entity::find()
-            .select_only()
-            .column(articles::Column::Id)
-            .column(articles::Column::LikeCount)
-            .column(articles::Column::LikeVersion)
-            .filter(articles::Column::Id.is_in(chunk.iter().copied()))
-            .into_tuple()
-            .all(txn)
-            .await?;
-        counts.extend(
-            rows.into_iter()
-                .map(|(id, count, version)| (Subject::Article(id), SqlCount { count, version })),
-        );
-    }
-    for chunk in comment_ids.chunks(CHUNK) {
-        let rows: Vec<(i64, i64, i64)> = comments::Entity::find()
-            .select_only()
-            .column(comments::Column::Id)
-            .column(comments::Column::LikeCount)
-            .column(comments::Column::LikeVersion)
-            .filter(comments::Column::Id.is_in(chunk.iter().copied()))
-            .into_tuple()
-            .all(txn)
-            .await?;
-        counts.extend(
-            rows.into_iter()
-                .map(|(id, count, version)| (Subject::Comment(id), SqlCount { count, version })),
-        );
-    }
-    Ok(counts)
 }
 
 /// The local date of `at` as a number: 20261123.

@@ -17,7 +17,7 @@ use singleflight_async::SingleFlight;
 
 use super::Subject;
 use super::comments::CommentService;
-use crate::error::{AppError, AppResult};
+use crate::error::{AppError, AppResult, SharedResult};
 use crate::redis::Redis;
 
 /// Longest list kept; `featuredComments(first)` takes at most this many.
@@ -28,8 +28,6 @@ const RECOMPUTE_LEASE: Duration = Duration::from_secs(10);
 const LIST_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How often a reader of a cold article checks for the list another process is computing.
 const COLD_POLL: Duration = Duration::from_millis(20);
-
-type SharedResult<T> = Result<T, Arc<AppError>>;
 
 #[derive(Clone)]
 pub struct FeaturedComments {

@@ -6,8 +6,7 @@ use super::Subject;
 use super::comments::ARTICLE_COMMENTS;
 use super::featured::MAX_FEATURED;
 use super::loader::{CommentLoader, LikeCountLoader, ViewerLikedLoader};
-use crate::accounts::graphql::{User, load_user};
-use crate::accounts::loader::UserLoader;
+use crate::accounts::graphql::{User, load_user, prefetch_authors};
 use crate::articles::graphql::{Article, load_article};
 use crate::entities::comments;
 use crate::error::{AppError, GqlResultExt};
@@ -131,13 +130,7 @@ async fn prefetch_comments(
     if rows.is_empty() {
         return Ok(());
     }
-    let authors = async {
-        if node.field("author").exists() {
-            let ids = rows.iter().map(|row| row.author_id);
-            loaders(ctx).get::<UserLoader>().load_many(ids).await?;
-        }
-        Ok::<_, async_graphql::Error>(())
-    };
+    let authors = prefetch_authors(ctx, &node, rows.iter().map(|row| row.author_id));
     let subjects: Vec<Subject> = rows.iter().map(|row| Subject::Comment(row.id)).collect();
     futures_util::try_join!(authors, prefetch(ctx, &node, &subjects))?;
     Ok(())

@@ -22,6 +22,7 @@
 
 pub mod archive;
 pub mod comments;
+mod counts;
 pub mod featured;
 pub mod graphql;
 pub mod loader;

@@ -10,10 +10,10 @@
 
 use std::collections::HashMap;
 
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::DatabaseConnection;
 
-use super::Subject;
-use crate::entities::{articles, comments};
+use super::service::SqlCount;
+use super::{Subject, counts};
 use crate::error::AppResult;
 use crate::redis::Redis;
 use crate::redis::keys::{LIKE_SHARDS, like_field, like_shard_of};
@@ -48,17 +48,13 @@ pub async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<Re
     for kind in [Subject::Article(0), Subject::Comment(0)] {
         let mut after = 0;
         loop {
-            let rows = page(db, kind, after).await?;
-            let Some(&(last, _, _)) = rows.last() else {
+            let rows = counts::page(db, kind, after, PAGE).await?;
+            let Some(&(last, _)) = rows.last() else {
                 break;
             };
-            after = last;
+            after = last.id();
             let mut writes = redis::pipe();
-            for (id, count, version) in rows {
-                let subject = match kind {
-                    Subject::Article(_) => Subject::Article(id),
-                    Subject::Comment(_) => Subject::Comment(id),
-                };
+            for (subject, SqlCount { count, version }) in rows {
                 let index = like_shard_of(subject) as usize;
                 let (shard, field) = (&shards[index], like_field(subject));
                 writes
@@ -100,42 +96,6 @@ pub async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<Re
     let () = swap.query_async(&mut conn).await?;
     rebuilt.relations_dropped = drop_relations(redis).await?;
     Ok(rebuilt)
-}
-
-/// One page of a kind's `(id, like_count, like_version)` after `after`, by id.
-async fn page(
-    db: &DatabaseConnection,
-    kind: Subject,
-    after: i64,
-) -> AppResult<Vec<(i64, i64, i64)>> {
-    Ok(match kind {
-        Subject::Article(_) => {
-            articles::Entity::find()
-                .select_only()
-                .column(articles::Column::Id)
-                .column(articles::Column::LikeCount)
-                .column(articles::Column::LikeVersion)
-                .filter(articles::Column::Id.gt(after))
-                .order_by_asc(articles::Column::Id)
-                .limit(PAGE)
-                .into_tuple()
-                .all(db)
-                .await?
-        }
-        Subject::Comment(_) => {
-            comments::Entity::find()
-                .select_only()
-                .column(comments::Column::Id)
-                .column(comments::Column::LikeCount)
-                .column(comments::Column::LikeVersion)
-                .filter(comments::Column::Id.gt(after))
-                .order_by_asc(comments::Column::Id)
-                .limit(PAGE)
-                .into_tuple()
-                .all(db)
-                .await?
-        }
-    })
 }
 
 /// Drops every cached relation; returns how many.

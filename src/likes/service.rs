@@ -7,11 +7,11 @@ use chrono_tz::Tz;
 use sea_orm::{ColumnTrait, Condition, DatabaseConnection, EntityTrait, QueryFilter, QuerySelect};
 use singleflight_async::SingleFlight;
 
-use super::Subject;
+use super::{Subject, counts};
 use crate::actor::Actor;
 use crate::db::retry_once;
-use crate::entities::{articles, comments, likes};
-use crate::error::{AppError, AppResult};
+use crate::entities::likes;
+use crate::error::{AppError, AppResult, SharedResult};
 use crate::redis::Redis;
 use crate::redis::keys::{LIKE_SHARDS, LikeShardKeys, like_field};
 use crate::views::buckets;
@@ -40,8 +40,6 @@ impl LiveLikes {
         self.base.unwrap_or(sql_like_count) + self.pending
     }
 }
-
-type SharedResult<T> = Result<T, Arc<AppError>>;
 
 #[derive(Clone)]
 pub struct LikeService {
@@ -235,7 +233,7 @@ impl LikeService {
         let count = self
             .sql_count(subject)
             .await?
-            .ok_or(AppError::NotFound(subject_noun(subject)))?;
+            .ok_or(AppError::NotFound(counts::noun(subject)))?;
         // NX: a settle that ran meanwhile cached a newer count.
         let () = redis::pipe()
             .hset_nx(shard.base(), &field, count.count)
@@ -249,23 +247,8 @@ impl LikeService {
 
     /// `subject`'s count and version in SQL, `None` when it does not exist.
     pub async fn sql_count(&self, subject: Subject) -> AppResult<Option<SqlCount>> {
-        let row = match subject {
-            Subject::Article(id) => {
-                let query = articles::Entity::find_by_id(id)
-                    .select_only()
-                    .column(articles::Column::LikeCount)
-                    .column(articles::Column::LikeVersion);
-                retry_once(|| query.clone().into_tuple::<(i64, i64)>().one(&self.db)).await?
-            }
-            Subject::Comment(id) => {
-                let query = comments::Entity::find_by_id(id)
-                    .select_only()
-                    .column(comments::Column::LikeCount)
-                    .column(comments::Column::LikeVersion);
-                retry_once(|| query.clone().into_tuple::<(i64, i64)>().one(&self.db)).await?
-            }
-        };
-        Ok(row.map(|(count, version)| SqlCount { count, version }))
+        let mut found = retry_once(|| counts::read(&self.db, [subject])).await?;
+        Ok(found.remove(&subject))
     }
 
     /// How many times this process has read a like count from SQL because Redis had none.
@@ -386,39 +369,15 @@ impl LikeService {
     /// live count; DAY and WEEK by likes minus unlikes within the bucket.
     #[tracing::instrument(skip_all, fields(window = ?window, first))]
     pub async fn top(&self, window: RankingWindow, first: usize) -> AppResult<Vec<(i64, f64)>> {
-        if first == 0 {
-            return Ok(Vec::new());
-        }
-        let now = chrono::Utc::now();
-        let bucket = match window {
-            RankingWindow::AllTime => None,
-            RankingWindow::Day => Some(buckets::day(now, self.zone)),
-            RankingWindow::Week => Some(buckets::week(now, self.zone)),
-        };
-        let mut pipe = redis::pipe();
-        for index in 0..LIKE_SHARDS {
+        let bucket = window.bucket(self.zone);
+        let keys = (0..LIKE_SHARDS).map(|index| {
             let shard = self.redis.keys.like_shard_by_index(index);
-            let key = match &bucket {
+            match &bucket {
                 None => shard.rank_all_time(),
                 Some(bucket) => shard.rank_bucket(bucket),
-            };
-            pipe.cmd("ZRANGE")
-                .arg(key)
-                .arg("+inf")
-                .arg("1")
-                .arg("BYSCORE")
-                .arg("REV")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(first)
-                .arg("WITHSCORES");
-        }
-        let mut conn = self.redis.conn.clone();
-        let per_shard: Vec<Vec<(i64, f64)>> = pipe.query_async(&mut conn).await?;
-        let mut merged: Vec<(i64, f64)> = per_shard.into_iter().flatten().collect();
-        merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        merged.truncate(first);
-        Ok(merged)
+            }
+        });
+        Ok(self.redis.top_of_shards(keys, first).await?)
     }
 }
 
@@ -427,11 +386,4 @@ impl LikeService {
 struct SqlState {
     relation: Option<bool>,
     count: Option<SqlCount>,
-}
-
-fn subject_noun(subject: Subject) -> &'static str {
-    match subject {
-        Subject::Article(_) => "article",
-        Subject::Comment(_) => "comment",
-    }
 }

@@ -78,6 +78,38 @@ impl Redis {
         }
     }
 
+    /// The best `first` members (ids) with a positive score across sorted sets that each rank one
+    /// shard's members, best first, ties by member: one pipelined round trip. The overall top is
+    /// among the shards' tops, so each shard gives its `first` best.
+    pub async fn top_of_shards(
+        &self,
+        keys: impl IntoIterator<Item = String>,
+        first: usize,
+    ) -> redis::RedisResult<Vec<(i64, f64)>> {
+        if first == 0 {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("ZRANGE")
+                .arg(key)
+                .arg("+inf")
+                .arg("(0")
+                .arg("BYSCORE")
+                .arg("REV")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(first)
+                .arg("WITHSCORES");
+        }
+        let mut conn = self.conn.clone();
+        let per_shard: Vec<Vec<(i64, f64)>> = pipe.query_async(&mut conn).await?;
+        let mut merged: Vec<(i64, f64)> = per_shard.into_iter().flatten().collect();
+        merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        merged.truncate(first);
+        Ok(merged)
+    }
+
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
         redis::cmd("PING").query_async::<()>(&mut conn).await

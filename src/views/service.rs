@@ -4,12 +4,14 @@ use std::time::Duration;
 
 use chrono_tz::Tz;
 use sea_orm::{DatabaseConnection, EntityTrait, QuerySelect};
+use singleflight_async::SingleFlight;
 
 use super::buckets;
 use super::crawler::CrawlerDetector;
 use crate::actor::{Actor, Identity};
+use crate::db::retry_once;
 use crate::entities::articles;
-use crate::error::{AppError, AppResult};
+use crate::error::{AppError, AppResult, SharedResult};
 use crate::redis::Redis;
 use crate::redis::keys::VIEW_SHARDS;
 
@@ -49,6 +51,18 @@ pub enum RankingWindow {
     Week,
 }
 
+impl RankingWindow {
+    /// The time bucket this window ranks by now (a local day, an ISO week), or `None` for all time.
+    pub fn bucket(self, zone: Tz) -> Option<String> {
+        let now = chrono::Utc::now();
+        match self {
+            Self::AllTime => None,
+            Self::Day => Some(buckets::day(now, zone)),
+            Self::Week => Some(buckets::week(now, zone)),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct ViewService {
     db: DatabaseConnection,
@@ -56,6 +70,8 @@ pub struct ViewService {
     crawlers: Arc<CrawlerDetector>,
     window: Duration,
     zone: Tz,
+    /// In-flight SQL reads of an article's count, so that a burst of first views shares one.
+    count_loads: Arc<SingleFlight<i64, SharedResult<Option<i64>>>>,
 }
 
 impl ViewService {
@@ -72,6 +88,7 @@ impl ViewService {
             crawlers,
             window,
             zone,
+            count_loads: Arc::default(),
         }
     }
 
@@ -136,12 +153,22 @@ impl ViewService {
             .await?)
     }
 
+    /// The article's `view_count` in SQL, `None` when it does not exist; concurrent callers share
+    /// one read.
     #[tracing::instrument(skip_all, fields(article.id = article))]
     async fn sql_view_count(&self, article: i64) -> AppResult<Option<i64>> {
-        let query = articles::Entity::find_by_id(article)
-            .select_only()
-            .column(articles::Column::ViewCount);
-        Ok(crate::db::retry_once(|| query.clone().into_tuple::<i64>().one(&self.db)).await?)
+        let load = || async {
+            let query = articles::Entity::find_by_id(article)
+                .select_only()
+                .column(articles::Column::ViewCount);
+            retry_once(|| query.clone().into_tuple::<i64>().one(&self.db))
+                .await
+                .map_err(|err| AppError::from(err).shared())
+        };
+        self.count_loads
+            .work(article, load)
+            .await
+            .map_err(AppError::Shared)
     }
 
     /// Live view state of many articles in one pipelined round trip.
@@ -171,32 +198,17 @@ impl ViewService {
     }
 
     /// The most viewed articles in a window, best first: `(article, views)`. Each shard ranks its
-    /// own articles; the overall top `first` is among the shards' tops, merged here.
+    /// own articles; the overall top is merged from the shards' tops.
     #[tracing::instrument(skip_all, fields(window = ?window, first))]
     pub async fn top(&self, window: RankingWindow, first: usize) -> AppResult<Vec<(i64, f64)>> {
-        if first == 0 {
-            return Ok(Vec::new());
-        }
-        let now = chrono::Utc::now();
-        let bucket = match window {
-            RankingWindow::AllTime => None,
-            RankingWindow::Day => Some(buckets::day(now, self.zone)),
-            RankingWindow::Week => Some(buckets::week(now, self.zone)),
-        };
-        let mut pipe = redis::pipe();
-        for index in 0..VIEW_SHARDS {
+        let bucket = window.bucket(self.zone);
+        let keys = (0..VIEW_SHARDS).map(|index| {
             let shard = self.redis.keys.view_shard_by_index(index);
-            let key = match &bucket {
+            match &bucket {
                 None => shard.rank_all_time(),
                 Some(bucket) => shard.rank_bucket(bucket),
-            };
-            pipe.zrevrange_withscores(key, 0, first as isize - 1);
-        }
-        let mut conn = self.redis.conn.clone();
-        let per_shard: Vec<Vec<(i64, f64)>> = pipe.query_async(&mut conn).await?;
-        let mut merged: Vec<(i64, f64)> = per_shard.into_iter().flatten().collect();
-        merged.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        merged.truncate(first);
-        Ok(merged)
+            }
+        });
+        Ok(self.redis.top_of_shards(keys, first).await?)
     }
 }

@@ -78,6 +78,20 @@ pub async fn set_like(app: &TestApp, token: Option<&str>, subject: &str, like: b
     app.graphql_as(token, query, json!({ "s": subject })).await
 }
 
+/// Every one of `likers` likes `subject` at once; returns the counts their answers carried.
+async fn like_all(app: &TestApp, likers: &[(i64, String)], subject: &str) -> BTreeSet<i64> {
+    let answers = join_all(
+        likers
+            .iter()
+            .map(|(_, token)| set_like(app, Some(token), subject, true)),
+    )
+    .await;
+    answers
+        .iter()
+        .map(|answer| payload(answer)["likeCount"].as_i64().unwrap())
+        .collect()
+}
+
 fn payload(response: &Value) -> &Value {
     let payload = response["data"]
         .get("like")
@@ -197,18 +211,9 @@ async fn two_hundred_users_liking_at_once_count_two_hundred() {
     let (_, article) = article(&app).await;
     let likers = users(&app, 200).await;
 
-    let answers = join_all(
-        likers
-            .iter()
-            .map(|(_, token)| set_like(&app, Some(token), &article, true)),
-    )
-    .await;
+    let counts = like_all(&app, &likers, &article).await;
 
     // One atomic script per like: every answer saw a different count.
-    let counts: BTreeSet<i64> = answers
-        .iter()
-        .map(|answer| payload(answer)["likeCount"].as_i64().unwrap())
-        .collect();
     assert_eq!(counts, (1..=200).collect());
     assert_eq!(like_state(&app, None, &article).await, (200, false));
     drain(&app).await;
@@ -331,17 +336,8 @@ async fn a_count_missing_from_redis_is_read_from_sql_once_by_two_hundred_concurr
     let _: () = redis.hdel(shard.base_versions(), &field).await.unwrap();
     let loads = app.state.services.likes.sql_count_loads();
 
-    let answers = join_all(
-        likers[5..]
-            .iter()
-            .map(|(_, token)| set_like(&app, Some(token), &article, true)),
-    )
-    .await;
+    let counts = like_all(&app, &likers[5..], &article).await;
 
-    let counts: BTreeSet<i64> = answers
-        .iter()
-        .map(|answer| payload(answer)["likeCount"].as_i64().unwrap())
-        .collect();
     assert_eq!(counts, (6..=205).collect());
     assert_eq!(app.state.services.likes.sql_count_loads() - loads, 1);
     drain(&app).await;
