@@ -263,6 +263,11 @@ pub struct Config {
     #[arg(long, global = true, env = "PULSE_JOB_BATCH", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub job_batch: u32,
 
+    /// How many shards of a background job one process handles at once (one SQL transaction
+    /// each). More drains faster into PostgreSQL or MySQL; SQLite serializes writers anyway.
+    #[arg(long, global = true, env = "PULSE_JOB_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub job_concurrency: u32,
+
     /// How long a job's consumer may hold entries before another process takes them over; longer
     /// than the slowest batch.
     #[arg(long, global = true, env = "PULSE_JOB_LEASE", default_value = "60s", value_parser = humantime::parse_duration)]

@@ -139,6 +139,7 @@ pub fn job_settings(config: &Config) -> JobSettings {
         batch: config.job_batch as usize,
         lease: config.job_lease,
         poll: config.job_poll,
+        shards_at_once: config.job_concurrency as usize,
         ..JobSettings::default()
     }
 }

@@ -1,28 +1,53 @@
-//! The ceiling: how many `record_view.lua` calls per second Redis itself sustains, measured with
-//! `redis-benchmark` sending EVALSHA of the very script the server runs, on the server's key
-//! format, from as many connections as the HTTP load has clients.
+//! The ceiling: how many calls per second of a request's Lua script (`record_view.lua`,
+//! `like_set.lua`) Redis itself sustains, measured with `redis-benchmark` sending EVALSHA of the
+//! very script the server runs, on the server's key format, from as many connections as the HTTP
+//! load has clients.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use pulse::actor::Identity;
+use pulse::likes::Subject;
+use pulse::redis::keys::LikeShardKeys;
 use pulse::redis::{Keys, Scripts};
 use pulse::views::buckets;
 
 use crate::redis_util;
 
-/// All ceiling calls view this article, so every key is in one shard (and one cluster slot).
+/// All ceiling calls view or like this article, so every key is in one shard (and one cluster
+/// slot).
 const ARTICLE: i64 = 1;
+
+/// redis-benchmark's placeholder, replaced by a random number below `-r` in every call.
+const RANDOM: &str = "__rand_int__";
 
 pub struct CeilingPlan<'a> {
     pub redis_url: &'a str,
     pub clients: u32,
     pub requests: u64,
-    /// `-r`: how many distinct viewers `__rand_int__` draws from.
+    /// `-r`: how many distinct viewers (likers) `__rand_int__` draws from.
     pub keyspace: u64,
-    /// The dedup window the server uses (`PULSE_VIEW_WINDOW`, 1 h by default).
-    pub window: Duration,
+    pub script: Script,
+}
+
+/// The script the ceiling calls, with the server's setting that shapes its work.
+pub enum Script {
+    /// `record_view.lua`, with the dedup window (`PULSE_VIEW_WINDOW`).
+    RecordView { window: Duration },
+    /// `like_set.lua` liking, with the relation cache's lifetime (`PULSE_LIKE_RELATION_TTL`). The
+    /// relation comes as SQL's "not liked", so a call changes state unless a like by the same
+    /// random user came before: with a keyspace far above the call count, nearly all do.
+    LikeSet { relation_ttl: Duration },
+}
+
+/// One script's EVALSHA call as redis-benchmark sends it, and where its effect is counted.
+struct Call {
+    sha: String,
+    /// `numkeys`, the keys and the arguments.
+    args: Vec<String>,
+    /// Hash and field that sum up the calls that did the work (views counted, likes changed).
+    counted: (String, String),
 }
 
 #[derive(Debug)]
@@ -54,31 +79,11 @@ async fn run(
     prefix: &str,
 ) -> anyhow::Result<Ceiling> {
     let keys = Keys::new(prefix);
-    let shard = keys.view_shard(ARTICLE);
-    // The real seen key with the viewer's address swapped for redis-benchmark's placeholder
-    // (a 12-digit number: as long as a typical 10.x.y.z address).
-    let sample = Ipv4Addr::new(10, 0, 0, 1);
-    let seen = shard.seen(ARTICLE, Identity::Address(IpAddr::V4(sample)));
-    let seen = seen
-        .strip_suffix(&sample.to_string())
-        .with_context(|| format!("the seen key {seen} does not end with the viewer address"))?
-        .to_owned()
-        + "__rand_int__";
-
-    let sha = Scripts::load()
-        .record_view
-        .load_async(conn)
-        .await
-        .context("SCRIPT LOAD record_view.lua")?;
-    // Without a base count the script answers -1 and counts nothing (the server would read SQL).
-    let () = redis::cmd("HSET")
-        .arg(shard.base())
-        .arg(ARTICLE)
-        .arg(0)
-        .query_async(conn)
-        .await?;
-
     let now = chrono::Utc::now();
+    let call = match plan.script {
+        Script::RecordView { window } => record_view_call(&keys, conn, window, now).await?,
+        Script::LikeSet { relation_ttl } => like_set_call(&keys, conn, relation_ttl, now).await?,
+    };
     let mut args = redis_util::benchmark_target_args(client.get_connection_info())?;
     args.extend([
         "-c".into(),
@@ -89,22 +94,9 @@ async fn run(
         plan.keyspace.to_string(),
         "--csv".into(),
         "EVALSHA".into(),
-        sha,
-        "6".into(),
-        seen,
-        shard.base(),
-        shard.pending(),
-        shard.rank_all_time(),
-        shard.rank_bucket(&buckets::day(now, chrono_tz::UTC)),
-        shard.rank_bucket(&buckets::week(now, chrono_tz::UTC)),
-        ARTICLE.to_string(),
-        plan.window.as_secs().max(1).to_string(),
-        "1".into(),
-        buckets::DAY_BUCKET_TTL.as_secs().to_string(),
-        buckets::WEEK_BUCKET_TTL.as_secs().to_string(),
-        String::new(),
-        keys.article_stats_channel(ARTICLE),
+        call.sha,
     ]);
+    args.extend(call.args);
     let command_line = shell_line("redis-benchmark", &args);
     let output = tokio::process::Command::new("redis-benchmark")
         .args(&args)
@@ -123,9 +115,10 @@ async fn run(
     let (calls_per_second, p50_ms, p99_ms) = parse_csv(&stdout)
         .with_context(|| format!("cannot parse redis-benchmark's output: {stdout}"))?;
 
+    let (counted_key, counted_field) = call.counted;
     let counted: Option<u64> = redis::cmd("HGET")
-        .arg(shard.pending())
-        .arg(ARTICLE)
+        .arg(counted_key)
+        .arg(counted_field)
         .query_async(conn)
         .await?;
     Ok(Ceiling {
@@ -136,6 +129,119 @@ async fn run(
         counted: counted.unwrap_or(0),
         command_line,
     })
+}
+
+async fn record_view_call(
+    keys: &Keys,
+    conn: &mut redis::aio::MultiplexedConnection,
+    window: Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<Call> {
+    let shard = keys.view_shard(ARTICLE);
+    // The real seen key with the viewer's address swapped for redis-benchmark's placeholder
+    // (a 12-digit number: as long as a typical 10.x.y.z address).
+    let sample = Ipv4Addr::new(10, 0, 0, 1);
+    let seen = randomized(
+        &shard.seen(ARTICLE, Identity::Address(IpAddr::V4(sample))),
+        &sample.to_string(),
+    )?;
+    let sha = load_script(&Scripts::load().record_view, conn, "record_view.lua").await?;
+    // Without a base count the script answers -1 and counts nothing (the server would read SQL).
+    let () = redis::cmd("HSET")
+        .arg(shard.base())
+        .arg(ARTICLE)
+        .arg(0)
+        .query_async(conn)
+        .await?;
+    Ok(Call {
+        sha,
+        args: vec![
+            "6".into(),
+            seen,
+            shard.base(),
+            shard.pending(),
+            shard.rank_all_time(),
+            shard.rank_bucket(&buckets::day(now, chrono_tz::UTC)),
+            shard.rank_bucket(&buckets::week(now, chrono_tz::UTC)),
+            ARTICLE.to_string(),
+            window.as_secs().max(1).to_string(),
+            "1".into(),
+            buckets::DAY_BUCKET_TTL.as_secs().to_string(),
+            buckets::WEEK_BUCKET_TTL.as_secs().to_string(),
+            String::new(),
+            keys.article_stats_channel(ARTICLE),
+        ],
+        counted: (shard.pending(), ARTICLE.to_string()),
+    })
+}
+
+/// A like of article 1 by a random user, exactly as `LikeService` calls the script once it has
+/// read SQL's relation ("not liked") and count (0); redis-benchmark draws a fresh random number
+/// for every placeholder, so the relation key, its field and the event id are each random.
+async fn like_set_call(
+    keys: &Keys,
+    conn: &mut redis::aio::MultiplexedConnection,
+    relation_ttl: Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<Call> {
+    let subject = Subject::Article(ARTICLE);
+    let shard = keys.like_shard(subject);
+    let sample_user = 7;
+    let relation = randomized(&shard.relation(subject, sample_user), "7")?;
+    let relation_field = randomized(&LikeShardKeys::relation_field(subject, sample_user), "7")?;
+    let stream = redis_util::like_archive_stream(keys, shard.shard());
+    let sha = load_script(&Scripts::load().like_set, conn, "like_set.lua").await?;
+    let field = pulse::redis::keys::like_field(subject);
+    Ok(Call {
+        sha,
+        args: vec![
+            "10".into(),
+            relation,
+            shard.unarchived(),
+            shard.base(),
+            shard.base_versions(),
+            shard.pending(),
+            shard.seq(),
+            stream,
+            shard.rank_all_time(),
+            shard.rank_bucket(&buckets::day(now, chrono_tz::UTC)),
+            shard.rank_bucket(&buckets::week(now, chrono_tz::UTC)),
+            "1".into(),
+            field.clone(),
+            relation_field,
+            RANDOM.into(),
+            RANDOM.into(),
+            "0".into(),
+            "0".into(),
+            "0".into(),
+            relation_ttl.as_secs().max(1).to_string(),
+            now.timestamp_millis().to_string(),
+            buckets::DAY_BUCKET_TTL.as_secs().to_string(),
+            buckets::WEEK_BUCKET_TTL.as_secs().to_string(),
+            subject.kind_code().to_string(),
+            ARTICLE.to_string(),
+            keys.article_stats_channel(ARTICLE),
+        ],
+        counted: (shard.pending(), field),
+    })
+}
+
+/// `key` with its trailing `sample` (a viewer, a user) swapped for redis-benchmark's placeholder.
+fn randomized(key: &str, sample: &str) -> anyhow::Result<String> {
+    key.strip_suffix(sample)
+        .map(|stem| format!("{stem}{RANDOM}"))
+        .with_context(|| format!("{key} does not end with {sample}"))
+}
+
+async fn load_script(
+    script: &redis::Script,
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+) -> anyhow::Result<String> {
+    script
+        .load_async(conn)
+        .await
+        .with_context(|| format!("SCRIPT LOAD {name}"))
 }
 
 /// `(rps, p50 ms, p99 ms)` from `--csv` output. The columns are `"test","rps","avg_latency_ms",
@@ -191,6 +297,15 @@ mod tests {
         let output = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
                       \"EVALSHA abc 6 a,b {v:1} '' \",\"16129.03\",\"0.098\",\"0.016\",\"0.047\",\"0.095\",\"2.119\",\"8.343\"\n";
         assert_eq!(parse_csv(output), Some((16129.03, 0.047, 2.119)));
+    }
+
+    #[test]
+    fn a_key_ending_in_its_sample_gets_the_placeholder() {
+        assert_eq!(
+            randomized("p:lr:{l:1}:a1:7", "7").unwrap(),
+            "p:lr:{l:1}:a1:__rand_int__"
+        );
+        assert!(randomized("p:lr:{l:1}:a1:8", "7").is_err());
     }
 
     #[test]

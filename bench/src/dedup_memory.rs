@@ -18,7 +18,6 @@ use crate::{DedupMemoryArgs, redis_util};
 const SMOKE_ENTRIES: u32 = 10_000;
 /// The markers are spread over this many articles (ids 1..=100, so over every shard).
 const ARTICLES: u32 = 100;
-const CHUNK: usize = 10_000;
 /// The reference figure the result is compared with: about 108 bytes for a plain key.
 const ANCHOR_BYTES: f64 = 108.0;
 
@@ -41,9 +40,8 @@ pub async fn run(args: DedupMemoryArgs) -> anyhow::Result<()> {
         args.entries
     };
     let (_client, mut conn) = redis_util::connect(&args.common.redis_url).await?;
-    let defaults = pulse::Config::defaults();
-    let prefix = fresh_prefix(&mut conn, defaults.redis_prefix.len()).await?;
-    let window = defaults.view_window;
+    let prefix = redis_util::fresh_prefix(&mut conn).await?;
+    let window = pulse::Config::defaults().view_window;
     let result = measure(&mut conn, &prefix, entries, window).await;
     let deleted = redis_util::delete_prefix(&mut conn, &prefix).await;
     let measured = result?;
@@ -125,19 +123,6 @@ pub async fn run(args: DedupMemoryArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An unused prefix exactly as long as the server's default one (`pulse:`), so the markers measured
-/// are as long as production's.
-async fn fresh_prefix(conn: &mut MultiplexedConnection, len: usize) -> anyhow::Result<String> {
-    let hex = len.saturating_sub(2).max(4);
-    for _ in 0..10 {
-        let prefix = format!("b{}:", crate::random_hex(hex));
-        if !redis_util::prefix_in_use(conn, &prefix).await? {
-            return Ok(prefix);
-        }
-    }
-    anyhow::bail!("cannot find an unused key prefix")
-}
-
 async fn measure(
     conn: &mut MultiplexedConnection,
     prefix: &str,
@@ -150,8 +135,7 @@ async fn measure(
 
     let (mut len_min, mut len_max, mut len_sum) = (usize::MAX, 0, 0u64);
     let mut sample_key = String::new();
-    let mut pipe = redis::pipe();
-    let mut queued = 0;
+    let mut batch = redis_util::Batcher::new(conn);
     for index in 0..entries {
         let article = i64::from(index % ARTICLES + 1);
         let viewer = Identity::Address(IpAddr::V4(viewer_ip(index)));
@@ -159,30 +143,20 @@ async fn measure(
         len_min = len_min.min(key.len());
         len_max = len_max.max(key.len());
         len_sum += key.len() as u64;
-        pipe.cmd("SET")
-            .arg(&key)
+        let mut set = redis::cmd("SET");
+        set.arg(&key)
             .arg(1)
             .arg("NX")
             .arg("EX")
-            .arg(window.as_secs().max(1))
-            .ignore();
+            .arg(window.as_secs().max(1));
+        batch.push(set).await?;
         if sample_key.is_empty() {
             sample_key = key;
         }
-        queued += 1;
-        if queued == CHUNK {
-            let () = pipe.query_async(conn).await?;
-            pipe.clear();
-            queued = 0;
-        }
     }
-    if queued > 0 {
-        let () = pipe.query_async(conn).await?;
-    }
+    batch.flush().await?;
 
-    // Let the connection's buffers shrink back before reading the total.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let used_after = redis_util::info_field(conn, "memory", "used_memory").await?;
+    let used_after = redis_util::settled_used_memory(conn).await?;
     let dbsize_after: i64 = redis::cmd("DBSIZE").query_async(conn).await?;
     let sample_memory_usage: Option<u64> = redis::cmd("MEMORY")
         .arg("USAGE")

@@ -1,5 +1,6 @@
-//! The HTTP load: `recordView` mutations from many viewers, as fast as possible (closed loop) or on
-//! a fixed schedule (open loop).
+//! The HTTP load: requests from many clients, as fast as possible (closed loop) or on a fixed
+//! schedule (open loop); what each client sends is a [`Sender`] (`recordView` here, likes in
+//! `like_toggle`).
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use rand::{Rng as _, SeedableRng as _};
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, USER_AGENT};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 /// Viewers are 10.x.y.z: at most 2^24 of them.
 pub const MAX_VIEWERS: u32 = 1 << 24;
@@ -39,42 +41,24 @@ pub fn record_view_body(article: &str) -> String {
     serde_json::json!({ "query": RECORD_VIEW, "variables": { "a": article } }).to_string()
 }
 
-/// The parts of a `recordView` answer the tool checks. Typed, so that checking an answer costs the
-/// load tool little CPU: it shares the machine with the server it measures.
+/// A GraphQL answer as the tool checks it: typed, so that checking costs the load tool little CPU
+/// (it shares the machine with the server it measures).
 #[derive(Deserialize)]
-struct Answer {
-    data: Option<AnswerData>,
+struct Answer<D> {
+    data: Option<D>,
     errors: Option<serde::de::IgnoredAny>,
 }
 
-#[derive(Deserialize)]
-struct AnswerData {
-    #[serde(rename = "recordView")]
-    record_view: RecordViewAnswer,
-}
-
-#[derive(Deserialize)]
-struct RecordViewAnswer {
-    counted: bool,
-    #[serde(rename = "viewCount")]
-    view_count: i64,
-}
-
-/// Sends one view and answers whether it was counted. An error is a transport failure, a non-200
-/// status, a GraphQL `errors` array, or a missing or impossible field (a view count below 1: every
-/// article has at least its warm-up view).
-pub async fn send_view(
-    http: &reqwest::Client,
-    url: &Url,
-    body: &'static str,
-    viewer: Ipv4Addr,
-) -> Result<bool, String> {
-    let response = http
-        .post(url.clone())
+/// Sends `request` and reads its answer's `data` as `D`, which `accept` must take. An error is a
+/// transport failure, a non-200 status, a GraphQL `errors` array, or data that does not parse or
+/// that `accept` refuses; it shows the start of the body.
+pub async fn answer<D: DeserializeOwned, T>(
+    request: reqwest::RequestBuilder,
+    what: &str,
+    accept: impl FnOnce(D) -> Option<T>,
+) -> Result<T, String> {
+    let response = request
         .header(CONTENT_TYPE, "application/json")
-        .header(USER_AGENT, BROWSER_USER_AGENT)
-        .header("x-forwarded-for", viewer.to_string())
-        .body(body)
         .send()
         .await
         .map_err(|err| format!("transport: {err}"))?;
@@ -87,30 +71,81 @@ pub async fn send_view(
     if status != reqwest::StatusCode::OK {
         return Err(format!("HTTP {status}: {}", shown()));
     }
-    match serde_json::from_slice::<Answer>(&bytes) {
+    match serde_json::from_slice::<Answer<D>>(&bytes) {
         Ok(Answer {
             errors: Some(_), ..
         }) => Err(format!("GraphQL errors: {}", shown())),
         Ok(Answer {
-            data: Some(AnswerData { record_view }),
-            ..
-        }) if record_view.view_count >= 1 => Ok(record_view.counted),
-        Ok(_) => Err(format!("malformed recordView payload: {}", shown())),
+            data: Some(data), ..
+        }) => accept(data).ok_or_else(|| format!("unexpected {what} payload: {}", shown())),
+        Ok(_) => Err(format!("{what} answer without data: {}", shown())),
         Err(err) => Err(format!(
-            "the body is not a recordView answer ({err}): {}",
+            "the body is not a {what} answer ({err}): {}",
             shown()
         )),
     }
 }
 
-pub struct LoadPlan {
+#[derive(Deserialize)]
+struct RecordViewData {
+    #[serde(rename = "recordView")]
+    record_view: RecordViewAnswer,
+}
+
+#[derive(Deserialize)]
+struct RecordViewAnswer {
+    counted: bool,
+    #[serde(rename = "viewCount")]
+    view_count: i64,
+}
+
+/// Sends one view and answers whether it was counted; a view count below 1 is refused (every
+/// article has at least its warm-up view).
+pub async fn send_view(
+    http: &reqwest::Client,
+    url: &Url,
+    body: &'static str,
+    viewer: Ipv4Addr,
+) -> Result<bool, String> {
+    let request = http
+        .post(url.clone())
+        .header(USER_AGENT, BROWSER_USER_AGENT)
+        .header("x-forwarded-for", viewer.to_string())
+        .body(body);
+    answer(request, "recordView", |data: RecordViewData| {
+        let view = data.record_view;
+        (view.view_count >= 1).then_some(view.counted)
+    })
+    .await
+}
+
+/// What one load client sends: each call sends one request and answers whether it did the
+/// measured work (a view counted, a like changed). Each client owns its own, so one that keeps
+/// state (a liker's relations) needs no locking.
+pub trait Sender: Send + 'static {
+    fn send(&mut self, rng: &mut StdRng) -> impl Future<Output = Result<bool, String>> + Send;
+}
+
+/// `recordView` of a random article by a random viewer.
+pub struct ViewSender {
+    pub http: reqwest::Client,
     pub url: Url,
     /// One body per article, kept for the whole run so requests borrow rather than copy.
     pub bodies: &'static [String],
     pub viewers: u32,
-    pub clients: u32,
+}
+
+impl Sender for ViewSender {
+    async fn send(&mut self, rng: &mut StdRng) -> Result<bool, String> {
+        let body = &self.bodies[rng.random_range(0..self.bodies.len())];
+        let viewer = viewer_ip(rng.random_range(0..self.viewers));
+        send_view(&self.http, &self.url, body, viewer).await
+    }
+}
+
+pub struct LoadPlan {
     pub stop: Stop,
-    /// Open loop: views/s over all clients.
+    /// Open loop: requests/s over all clients.
     pub rate: Option<f64>,
 }
 
@@ -125,12 +160,54 @@ pub struct LoadResult {
     /// Latency in microseconds of every request, failed ones included.
     pub latency: Histogram<u64>,
     pub ok: u64,
+    /// Requests that did the measured work (a view counted, a like changed).
     pub counted: u64,
     pub errors: u64,
     pub first_errors: Vec<String>,
 }
 
 impl LoadResult {
+    /// The latency at `quantile`, in milliseconds.
+    pub fn ms(&self, quantile: f64) -> f64 {
+        self.latency.value_at_quantile(quantile) as f64 / 1000.0
+    }
+
+    /// The report's latency rows.
+    pub fn latency_rows(&self) -> [(&'static str, String); 2] {
+        [
+            (
+                "latency p50 / p99 / max",
+                format!(
+                    "{:.2} / {:.2} / {:.2} ms",
+                    self.ms(0.50),
+                    self.ms(0.99),
+                    self.latency.max() as f64 / 1000.0
+                ),
+            ),
+            (
+                "latency p90 / p99.9 / mean",
+                format!(
+                    "{:.2} / {:.2} / {:.2} ms",
+                    self.ms(0.90),
+                    self.ms(0.999),
+                    self.latency.mean() / 1000.0
+                ),
+            ),
+        ]
+    }
+
+    /// The latency figures of the JSON report, in milliseconds.
+    pub fn latency_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "p50": self.ms(0.50),
+            "p90": self.ms(0.90),
+            "p99": self.ms(0.99),
+            "p999": self.ms(0.999),
+            "max": self.latency.max() as f64 / 1000.0,
+            "mean": self.latency.mean() / 1000.0,
+        })
+    }
+
     fn empty() -> Self {
         Self {
             elapsed: Duration::ZERO,
@@ -161,9 +238,9 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds")
 }
 
-/// Runs the load: `clients` tasks sharing one keep-alive HTTP client.
-pub async fn run(http: &reqwest::Client, plan: LoadPlan) -> LoadResult {
-    let plan = Arc::new(plan);
+/// Runs the load: one task per sender, all sharing the senders' keep-alive HTTP client.
+pub async fn run<S: Sender>(senders: Vec<S>, plan: LoadPlan) -> LoadResult {
+    let clients = senders.len().max(1) as u32;
     let remaining = Arc::new(AtomicI64::new(match plan.stop {
         Stop::Requests(total) => total as i64,
         Stop::After(_) => i64::MAX,
@@ -176,17 +253,14 @@ pub async fn run(http: &reqwest::Client, plan: LoadPlan) -> LoadResult {
     // Open loop: every client sends every `clients / rate` seconds, the clients staggered evenly.
     let interval = plan
         .rate
-        .map(|rate| Duration::from_secs_f64(f64::from(plan.clients) / rate));
+        .map(|rate| Duration::from_secs_f64(f64::from(clients) / rate));
     let mut tasks = tokio::task::JoinSet::new();
-    for client in 0..plan.clients {
-        let http = http.clone();
-        let plan = plan.clone();
+    for (client, sender) in senders.into_iter().enumerate() {
         let remaining = remaining.clone();
-        let first_send = interval.map(|interval| {
-            started + interval.mul_f64(f64::from(client) / f64::from(plan.clients))
-        });
+        let first_send =
+            interval.map(|interval| started + interval.mul_f64(client as f64 / f64::from(clients)));
         tasks.spawn(async move {
-            client_loop(&http, &plan, &remaining, deadline, interval, first_send).await
+            client_loop(sender, &remaining, deadline, interval, first_send).await
         });
     }
     let mut result = LoadResult::empty();
@@ -197,9 +271,8 @@ pub async fn run(http: &reqwest::Client, plan: LoadPlan) -> LoadResult {
     result
 }
 
-async fn client_loop(
-    http: &reqwest::Client,
-    plan: &LoadPlan,
+async fn client_loop<S: Sender>(
+    mut sender: S,
     remaining: &AtomicI64,
     deadline: Option<Instant>,
     interval: Option<Duration>,
@@ -231,10 +304,7 @@ async fn client_loop(
         if remaining.fetch_sub(1, Ordering::Relaxed) <= 0 {
             break;
         }
-        let bodies: &'static [String] = plan.bodies;
-        let body = &bodies[rng.random_range(0..bodies.len())];
-        let viewer = viewer_ip(rng.random_range(0..plan.viewers));
-        let answer = send_view(http, &plan.url, body, viewer).await;
+        let answer = sender.send(&mut rng).await;
         let micros = scheduled
             .elapsed()
             .as_micros()

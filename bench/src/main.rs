@@ -2,13 +2,21 @@
 //!
 //! - `record-view`: HTTP `recordView` throughput, latency and server cost against a real `pulse`
 //!   process, checked for exact counts, next to a `redis-benchmark` ceiling of the same Lua script.
+//! - `like-toggle`: HTTP `like`/`unlike` throughput and latency by many users on many articles,
+//!   next to a `redis-benchmark` ceiling of the like script, then the likes archive's drain rate
+//!   into SQL; checked for exact counts in the API, the streams and SQL.
 //! - `dedup-memory`: Redis bytes per dedup ("seen") marker, written exactly as the script does.
+//! - `like-memory`: Redis bytes per cached like relation, per like counter and per change waiting
+//!   for the archive, written exactly as the scripts do.
 //! - `fuzz`: generated, hostile and mutated GraphQL requests over HTTP and websockets against a
 //!   real `pulse` process, for a bounded time; fails on an exit, a 5xx or an uncoded error.
 
 mod ceiling;
+mod database;
 mod dedup_memory;
 mod fuzz;
+mod like_memory;
+mod like_toggle;
 mod load;
 mod proc_stats;
 mod record_view;
@@ -37,25 +45,39 @@ enum Command {
     /// Drive `recordView` over HTTP against a freshly started server; compare with the
     /// redis-benchmark ceiling of the same script; check that the counts add up.
     RecordView(RecordViewArgs),
+    /// Drive `like`/`unlike` over HTTP (every request a change) against a freshly started server;
+    /// compare with the redis-benchmark ceiling of the same script; then time the likes archive
+    /// draining into SQL and check that the API, the streams and SQL agree.
+    LikeToggle(LikeToggleArgs),
     /// Measure Redis bytes per dedup marker (one per viewer per article per window).
     DedupMemory(DedupMemoryArgs),
+    /// Measure Redis bytes per cached like relation, per like counter and per change not yet
+    /// archived.
+    LikeMemory(LikeMemoryArgs),
     /// Throw generated, hostile and mutated GraphQL requests at a freshly started server over
     /// HTTP and websockets; fail on an exit, a 5xx, an uncoded error, a slow answer or too much
     /// memory.
     Fuzz(FuzzArgs),
 }
 
+/// Flags of the scenarios that load a server over HTTP.
 #[derive(Debug, Clone, Args)]
-pub struct RecordViewArgs {
+pub struct HttpLoadArgs {
     /// The pulse binary to start (`<server-bin> serve`).
     #[arg(long, default_value = "target/release/pulse")]
     pub server_bin: PathBuf,
     /// Concurrent HTTP clients (and redis-benchmark connections for the ceiling).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub clients: u32,
-    /// How long the load phase runs.
+    /// How long the measured load runs.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RecordViewArgs {
+    #[command(flatten)]
+    pub load: HttpLoadArgs,
     /// Articles published and viewed (uniformly at random).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub articles: u32,
@@ -72,10 +94,40 @@ pub struct RecordViewArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+pub struct LikeToggleArgs {
+    #[command(flatten)]
+    pub load: HttpLoadArgs,
+    /// Users signed up (at least --clients: each client drives users of its own).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub users: u32,
+    /// Articles published; each user first likes every one of them.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub articles: u32,
+    /// A PostgreSQL or MariaDB database to create the run's own database beside (e.g.
+    /// `postgres://postgres@127.0.0.1:5432/test`); unset: a SQLite file.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
 pub struct DedupMemoryArgs {
     /// Dedup markers to write.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..=load::MAX_VIEWERS as i64))]
     pub entries: u32,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LikeMemoryArgs {
+    /// Likes written (one relation and one unarchived change each).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    pub likes: u32,
+    /// Articles they spread over evenly (one counter each).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    pub articles: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -134,7 +186,9 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::RecordView(args) => record_view::run(args).await,
+            Command::LikeToggle(args) => like_toggle::run(args).await,
             Command::DedupMemory(args) => dedup_memory::run(args).await,
+            Command::LikeMemory(args) => like_memory::run(args).await,
             Command::Fuzz(args) => fuzz::run(args).await,
         }
     })

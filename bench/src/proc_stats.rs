@@ -53,3 +53,97 @@ pub fn memory(pid: &str) -> anyhow::Result<(u64, u64)> {
     };
     Ok((kib("VmRSS")?, kib("VmHWM")?))
 }
+
+/// CPU of the server, Redis and this tool over a measured phase, and the server's memory after it.
+pub struct Cost {
+    pub server_cpu_seconds: f64,
+    pub redis_cpu_seconds: f64,
+    pub bench_cpu_seconds: f64,
+    pub rss: u64,
+    pub peak_rss: u64,
+}
+
+/// Readings taken when a measured phase starts; [`CostMeter::stop`] turns them into a [`Cost`].
+pub struct CostMeter {
+    pid: String,
+    server_ticks: u64,
+    bench_ticks: u64,
+    redis_seconds: f64,
+}
+
+impl CostMeter {
+    pub async fn start(
+        server_pid: u32,
+        redis: &mut redis::aio::MultiplexedConnection,
+    ) -> anyhow::Result<Self> {
+        let pid = server_pid.to_string();
+        Ok(Self {
+            server_ticks: cpu_ticks(&pid)?,
+            bench_ticks: cpu_ticks("self")?,
+            redis_seconds: crate::redis_util::cpu_seconds(redis).await?,
+            pid,
+        })
+    }
+
+    pub async fn stop(self, redis: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<Cost> {
+        let ticks = clock_ticks_per_second();
+        let server_ticks = cpu_ticks(&self.pid)?;
+        let bench_ticks = cpu_ticks("self")?;
+        let redis_seconds = crate::redis_util::cpu_seconds(redis).await?;
+        let (rss, peak_rss) = memory(&self.pid)?;
+        Ok(Cost {
+            server_cpu_seconds: (server_ticks - self.server_ticks) as f64 / ticks,
+            redis_cpu_seconds: redis_seconds - self.redis_seconds,
+            bench_cpu_seconds: (bench_ticks - self.bench_ticks) as f64 / ticks,
+            rss,
+            peak_rss,
+        })
+    }
+}
+
+impl Cost {
+    /// The report's rows, per 1,000 of `unit` (`views`, `toggles`) when `done` of them took
+    /// `seconds`.
+    pub fn rows(&self, unit: &str, done: u64, seconds: f64) -> Vec<(&'static str, String)> {
+        let per_thousand = |cpu: f64| cpu / done.max(1) as f64 * 1000.0;
+        let cpu_row = |cpu: f64| {
+            format!(
+                "{:.3} s per 1k {unit} ({:.2} cores busy)",
+                per_thousand(cpu),
+                cpu / seconds
+            )
+        };
+        vec![
+            ("server CPU", cpu_row(self.server_cpu_seconds)),
+            (
+                "server RSS",
+                format!(
+                    "{:.1} MiB after the load (peak {:.1} MiB)",
+                    self.rss as f64 / crate::report::MIB,
+                    self.peak_rss as f64 / crate::report::MIB
+                ),
+            ),
+            ("redis CPU", cpu_row(self.redis_cpu_seconds)),
+            ("bench client CPU", cpu_row(self.bench_cpu_seconds)),
+        ]
+    }
+
+    /// The JSON report's fields, per 1,000 of `unit`.
+    pub fn json(&self, unit: &str, done: u64) -> serde_json::Map<String, serde_json::Value> {
+        let per_thousand = |cpu: f64| cpu / done.max(1) as f64 * 1000.0;
+        let mut fields = serde_json::Map::new();
+        for (who, cpu) in [
+            ("server", self.server_cpu_seconds),
+            ("redis", self.redis_cpu_seconds),
+            ("bench", self.bench_cpu_seconds),
+        ] {
+            fields.insert(
+                format!("{who}_cpu_s_per_1k_{unit}"),
+                per_thousand(cpu).into(),
+            );
+        }
+        fields.insert("server_rss_bytes".into(), self.rss.into());
+        fields.insert("server_peak_rss_bytes".into(), self.peak_rss.into());
+        fields
+    }
+}

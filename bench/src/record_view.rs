@@ -8,11 +8,11 @@ use rand::distr::{Alphanumeric, SampleString as _};
 use serde_json::{Value, json};
 
 use crate::RecordViewArgs;
-use crate::ceiling::{self, Ceiling, CeilingPlan};
-use crate::load::{self, LoadPlan, LoadResult, Stop, WARM_UP_VIEWER};
-use crate::proc_stats;
+use crate::ceiling::{self, Ceiling, CeilingPlan, Script};
+use crate::load::{self, LoadPlan, LoadResult, Stop, ViewSender, WARM_UP_VIEWER};
+use crate::proc_stats::{Cost, CostMeter};
 use crate::redis_util;
-use crate::report::{MIB, print_table, thousands};
+use crate::report::{print_table, thousands};
 use crate::server::Server;
 
 const SMOKE_CLIENTS: u32 = 2;
@@ -43,7 +43,7 @@ impl Shape {
                 "--rate must be a positive number of views/s"
             );
         }
-        ensure!(!args.duration.is_zero(), "--duration must be positive");
+        ensure!(!args.load.duration.is_zero(), "--duration must be positive");
         Ok(if args.common.smoke {
             Self {
                 clients: SMOKE_CLIENTS,
@@ -55,10 +55,10 @@ impl Shape {
             }
         } else {
             Self {
-                clients: args.clients,
+                clients: args.load.clients,
                 articles: args.articles,
                 viewers: args.viewers,
-                stop: Stop::After(args.duration),
+                stop: Stop::After(args.load.duration),
                 rate: args.rate,
                 ceiling_requests: CEILING_REQUESTS,
             }
@@ -87,11 +87,7 @@ impl Shape {
 struct Measured {
     warm_up_counted: u64,
     load: LoadResult,
-    server_cpu_seconds: f64,
-    redis_cpu_seconds: f64,
-    bench_cpu_seconds: f64,
-    rss: u64,
-    peak_rss: u64,
+    cost: Cost,
     /// `Σ viewCount` as the API reports it, and on which attempt it matched (if it did).
     api_total: i64,
     articles_listed: usize,
@@ -109,8 +105,8 @@ pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
     // The dedup window the server will use; the same defaults and environment as the child's.
     let window = pulse::Config::defaults().view_window;
 
-    eprintln!("starting {} ...", args.server_bin.display());
-    let mut server = Server::start(&args.server_bin, &args.common.redis_url, &http).await?;
+    eprintln!("starting {} ...", args.load.server_bin.display());
+    let mut server = Server::start(&args.load.server_bin, &args.common.redis_url, &http).await?;
     let measured = drive(&shape, &http, &server, &mut redis).await;
     let stopped = server.stop().await;
     let cleaned = redis_util::delete_prefix(&mut redis, &server.redis_prefix).await;
@@ -129,7 +125,7 @@ pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
         // As many (article, viewer) pairs as the HTTP load draws from, so about as many calls
         // count (the script's longer path) as over HTTP.
         keyspace: u64::from(shape.viewers) * u64::from(shape.articles),
-        window,
+        script: Script::RecordView { window },
     })
     .await?;
 
@@ -172,28 +168,26 @@ async fn drive(
     eprintln!("warming up ...");
     let warm_up_counted = warm_up(http, &graphql_url, bodies).await?;
 
-    let pid = server.pid().to_string();
-    let ticks = proc_stats::clock_ticks_per_second();
-    let server_before = proc_stats::cpu_ticks(&pid)?;
-    let bench_before = proc_stats::cpu_ticks("self")?;
-    let redis_before = redis_util::cpu_seconds(redis).await?;
+    let meter = CostMeter::start(server.pid(), redis).await?;
     eprintln!("load: {} ...", shape.describe());
-    let load = load::run(
-        http,
-        LoadPlan {
-            url: graphql_url.parse()?,
+    let url: reqwest::Url = graphql_url.parse()?;
+    let senders = (0..shape.clients)
+        .map(|_| ViewSender {
+            http: http.clone(),
+            url: url.clone(),
             bodies,
             viewers: shape.viewers,
-            clients: shape.clients,
+        })
+        .collect();
+    let load = load::run(
+        senders,
+        LoadPlan {
             stop: shape.stop,
             rate: shape.rate,
         },
     )
     .await;
-    let server_after = proc_stats::cpu_ticks(&pid)?;
-    let bench_after = proc_stats::cpu_ticks("self")?;
-    let redis_after = redis_util::cpu_seconds(redis).await?;
-    let (rss, peak_rss) = proc_stats::memory(&pid)?;
+    let cost = meter.stop(redis).await?;
 
     // The flusher may be moving a batch while the totals are read; a total read across a flush is
     // retried rather than reported as lost views.
@@ -201,7 +195,7 @@ async fn drive(
     let mut check_attempts = 0;
     let (api_total, articles_listed) = loop {
         check_attempts += 1;
-        let (total, listed) = total_views(http, &graphql_url).await?;
+        let (total, listed) = sum_over_articles(http, &graphql_url, "viewCount").await?;
         if total == expected || check_attempts == 3 {
             break (total, listed);
         }
@@ -215,11 +209,7 @@ async fn drive(
     Ok(Measured {
         warm_up_counted,
         load,
-        server_cpu_seconds: (server_after - server_before) as f64 / ticks,
-        redis_cpu_seconds: redis_after - redis_before,
-        bench_cpu_seconds: (bench_after - bench_before) as f64 / ticks,
-        rss,
-        peak_rss,
+        cost,
         api_total,
         articles_listed,
         check_attempts,
@@ -249,8 +239,8 @@ pub(crate) async fn graphql(
     Ok(body)
 }
 
-/// Signs a user up and publishes `articles` articles; returns their global ids.
-async fn seed(http: &reqwest::Client, url: &str, articles: u32) -> anyhow::Result<Vec<String>> {
+/// Signs a fresh user up; returns its token.
+pub(crate) async fn sign_up(http: &reqwest::Client, url: &str) -> anyhow::Result<String> {
     let handle = format!("bench_{}", crate::random_hex(12));
     let password = Alphanumeric.sample_string(&mut rand::rng(), 24);
     let signed_up = graphql(
@@ -262,11 +252,19 @@ async fn seed(http: &reqwest::Client, url: &str, articles: u32) -> anyhow::Resul
     )
     .await
     .context("sign-up")?;
-    let token: Arc<str> = signed_up["data"]["signUp"]["token"]
+    signed_up["data"]["signUp"]["token"]
         .as_str()
-        .context("signUp returned no token")?
-        .into();
+        .map(str::to_owned)
+        .context("signUp returned no token")
+}
 
+/// Signs a user up and publishes `articles` articles; returns their global ids.
+pub(crate) async fn seed(
+    http: &reqwest::Client,
+    url: &str,
+    articles: u32,
+) -> anyhow::Result<Vec<String>> {
+    let token: Arc<str> = sign_up(http, url).await?.into();
     let limit = Arc::new(tokio::sync::Semaphore::new(SEED_CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
     for index in 0..articles {
@@ -322,21 +320,28 @@ async fn warm_up(
     Ok(counted)
 }
 
-/// `Σ viewCount` over every article, as the API reports it, and how many articles it listed.
-async fn total_views(http: &reqwest::Client, url: &str) -> anyhow::Result<(i64, usize)> {
-    let query = "query($c:String){ articles(first:100, after:$c){ edges{ node{ viewCount } } pageInfo{ hasNextPage endCursor } } }";
+/// `Σ field` (an integer field of `Article`) over every article, as the API reports it, and how
+/// many articles it listed.
+pub(crate) async fn sum_over_articles(
+    http: &reqwest::Client,
+    url: &str,
+    field: &str,
+) -> anyhow::Result<(i64, usize)> {
+    let query = format!(
+        "query($c:String){{ articles(first:100, after:$c){{ edges{{ node{{ {field} }} }} pageInfo{{ hasNextPage endCursor }} }} }}"
+    );
     let mut after = Value::Null;
     let (mut total, mut listed) = (0, 0);
     loop {
-        let page = graphql(http, url, None, query, json!({ "c": after })).await?;
+        let page = graphql(http, url, None, &query, json!({ "c": after })).await?;
         let connection = &page["data"]["articles"];
         let edges = connection["edges"]
             .as_array()
             .context("articles has no edges")?;
         for edge in edges {
-            total += edge["node"]["viewCount"]
+            total += edge["node"][field]
                 .as_i64()
-                .context("an article without viewCount")?;
+                .with_context(|| format!("an article without {field}"))?;
         }
         listed += edges.len();
         if connection["pageInfo"]["hasNextPage"].as_bool() != Some(true) {
@@ -351,8 +356,6 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
     let load = &measured.load;
     let seconds = load.elapsed.as_secs_f64();
     let throughput = load.ok as f64 / seconds;
-    let ms = |quantile: f64| load.latency.value_at_quantile(quantile) as f64 / 1000.0;
-    let per_thousand = |cpu: f64| cpu / load.ok.max(1) as f64 * 1000.0;
     let counted_share = |counted: u64, of: u64| 100.0 * counted as f64 / of.max(1) as f64;
     let expected = measured.warm_up_counted + load.counted;
     let ratio = 100.0 * throughput / ceiling.calls_per_second;
@@ -374,56 +377,10 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
             ),
         ),
         ("throughput", format!("{} views/s", thousands(throughput))),
-        (
-            "latency p50 / p99 / max",
-            format!(
-                "{:.2} / {:.2} / {:.2} ms",
-                ms(0.50),
-                ms(0.99),
-                load.latency.max() as f64 / 1000.0
-            ),
-        ),
-        (
-            "latency p90 / p99.9 / mean",
-            format!(
-                "{:.2} / {:.2} / {:.2} ms",
-                ms(0.90),
-                ms(0.999),
-                load.latency.mean() / 1000.0
-            ),
-        ),
-        (
-            "server CPU",
-            format!(
-                "{:.3} s per 1k views ({:.2} cores busy)",
-                per_thousand(measured.server_cpu_seconds),
-                measured.server_cpu_seconds / seconds
-            ),
-        ),
-        (
-            "server RSS",
-            format!(
-                "{:.1} MiB after the load (peak {:.1} MiB)",
-                measured.rss as f64 / MIB,
-                measured.peak_rss as f64 / MIB
-            ),
-        ),
-        (
-            "redis CPU",
-            format!(
-                "{:.3} s per 1k views ({:.2} cores busy)",
-                per_thousand(measured.redis_cpu_seconds),
-                measured.redis_cpu_seconds / seconds
-            ),
-        ),
-        (
-            "bench client CPU",
-            format!(
-                "{:.3} s per 1k views ({:.2} cores busy)",
-                per_thousand(measured.bench_cpu_seconds),
-                measured.bench_cpu_seconds / seconds
-            ),
-        ),
+    ];
+    rows.extend(load.latency_rows());
+    rows.extend(measured.cost.rows("views", load.ok, seconds));
+    rows.extend([
         (
             "ceiling",
             format!(
@@ -455,7 +412,7 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
                 thousands(expected as f64)
             ),
         ),
-    ];
+    ]);
     if !load.first_errors.is_empty() {
         rows.push(("first errors", load.first_errors.join("\n")));
     }
@@ -465,7 +422,7 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
     );
     println!("ceiling command: {}", ceiling.command_line);
     if args.common.json {
-        let report = json!({
+        let mut report = json!({
             "scenario": "record-view",
             "smoke": args.common.smoke,
             "clients": shape.clients,
@@ -478,19 +435,7 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
             "counted": load.counted,
             "warm_up_counted": measured.warm_up_counted,
             "throughput_views_per_s": throughput,
-            "latency_ms": {
-                "p50": ms(0.50),
-                "p90": ms(0.90),
-                "p99": ms(0.99),
-                "p999": ms(0.999),
-                "max": load.latency.max() as f64 / 1000.0,
-                "mean": load.latency.mean() / 1000.0,
-            },
-            "server_cpu_s_per_1k_views": per_thousand(measured.server_cpu_seconds),
-            "server_rss_bytes": measured.rss,
-            "server_peak_rss_bytes": measured.peak_rss,
-            "redis_cpu_s_per_1k_views": per_thousand(measured.redis_cpu_seconds),
-            "bench_cpu_s_per_1k_views": per_thousand(measured.bench_cpu_seconds),
+            "latency_ms": load.latency_json(),
             "ceiling_calls_per_s": ceiling.calls_per_second,
             "ceiling_requests": ceiling.requests,
             "ceiling_counted": ceiling.counted,
@@ -502,6 +447,9 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
             "counts_match": measured.api_total == expected as i64,
             "redis_benchmark_command": ceiling.command_line,
         });
+        if let Some(fields) = report.as_object_mut() {
+            fields.extend(measured.cost.json("views", load.ok));
+        }
         println!("{report}");
     }
 }

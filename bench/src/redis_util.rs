@@ -70,6 +70,73 @@ pub async fn prefix_in_use(conn: &mut MultiplexedConnection, prefix: &str) -> an
     }
 }
 
+/// An unused prefix exactly as long as the server's default one (`pulse:`), so that keys measured
+/// for memory are as long as production's.
+pub async fn fresh_prefix(conn: &mut MultiplexedConnection) -> anyhow::Result<String> {
+    let len = pulse::Config::defaults().redis_prefix.len();
+    let hex = len.saturating_sub(2).max(4);
+    for _ in 0..10 {
+        let prefix = format!("b{}:", crate::random_hex(hex));
+        if !prefix_in_use(conn, &prefix).await? {
+            return Ok(prefix);
+        }
+    }
+    bail!("cannot find an unused key prefix")
+}
+
+/// Commands sent in pipelines of [`Batcher::CHUNK`], replies ignored: bulk writes of many
+/// thousands of keys without one round trip each.
+pub struct Batcher<'a> {
+    conn: &'a mut MultiplexedConnection,
+    pipe: redis::Pipeline,
+    queued: usize,
+}
+
+impl<'a> Batcher<'a> {
+    const CHUNK: usize = 10_000;
+
+    pub fn new(conn: &'a mut MultiplexedConnection) -> Self {
+        Self {
+            conn,
+            pipe: redis::pipe(),
+            queued: 0,
+        }
+    }
+
+    /// Queues `command`; sends the pipeline when it is full.
+    pub async fn push(&mut self, command: redis::Cmd) -> anyhow::Result<()> {
+        self.pipe.add_command(command).ignore();
+        self.queued += 1;
+        if self.queued == Self::CHUNK {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued.
+    pub async fn flush(&mut self) -> anyhow::Result<()> {
+        if self.queued > 0 {
+            let () = self.pipe.query_async(self.conn).await?;
+            self.pipe.clear();
+            self.queued = 0;
+        }
+        Ok(())
+    }
+}
+
+/// `INFO memory` `used_memory`, once the connection's buffers have had time to shrink back after
+/// bulk writes.
+pub async fn settled_used_memory(conn: &mut MultiplexedConnection) -> anyhow::Result<f64> {
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    info_field(conn, "memory", "used_memory").await
+}
+
+/// The stream of like shard `shard`'s archive job, as the like script appends to it.
+pub fn like_archive_stream(keys: &pulse::redis::Keys, shard: u32) -> String {
+    let spec = pulse::likes::archive::SPEC;
+    keys.job_shard(spec.name, spec.tag, shard).stream()
+}
+
 /// The `redis-benchmark` flags that reach the same server as `info`.
 pub fn benchmark_target_args(info: &ConnectionInfo) -> anyhow::Result<Vec<String>> {
     let mut args = match info.addr() {

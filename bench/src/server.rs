@@ -23,12 +23,34 @@ pub struct Server {
     data_dir: PathBuf,
 }
 
+/// How to start a server beyond the defaults of [`Server::start`].
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// The SQL database; unset: a fresh SQLite file in the server's own data dir.
+    pub database_url: Option<&'a str>,
+    /// The Redis key prefix; unset: a fresh one. A second process on the same data passes the
+    /// first one's.
+    pub redis_prefix: Option<&'a str>,
+    /// More environment variables for the process, after the defaults (so they win).
+    pub env: &'a [(&'a str, &'a str)],
+}
+
 impl Server {
-    /// Starts `<bin> serve` and waits until it is ready.
+    /// Starts `<bin> serve` on a fresh database and prefix and waits until it is ready.
     pub async fn start(
         bin: &Path,
         redis_url: &str,
         http: &reqwest::Client,
+    ) -> anyhow::Result<Self> {
+        Self::launch(bin, redis_url, http, Launch::default()).await
+    }
+
+    /// Starts `<bin> serve` as `launch` says and waits until it is ready.
+    pub async fn launch(
+        bin: &Path,
+        redis_url: &str,
+        http: &reqwest::Client,
+        launch: Launch<'_>,
     ) -> anyhow::Result<Self> {
         if !bin.is_file() {
             bail!(
@@ -41,13 +63,15 @@ impl Server {
         std::fs::create_dir_all(&data_dir)
             .with_context(|| format!("cannot create {}", data_dir.display()))?;
         let addr = free_loopback_port()?;
-        let redis_prefix = format!("pulse-bench:{run}:");
-        let database_url = format!(
-            "sqlite://{}?mode=rwc",
-            data_dir.join("bench.sqlite").display()
-        );
+        let redis_prefix = launch
+            .redis_prefix
+            .map_or_else(|| format!("pulse-bench:{run}:"), str::to_owned);
+        let database_url = launch
+            .database_url
+            .map_or_else(|| sqlite_url(&data_dir.join("bench.sqlite")), str::to_owned);
         let token_secret = Alphanumeric.sample_string(&mut rand::rng(), 48);
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .arg("serve")
             .env("DATABASE_URL", database_url)
             .env("REDIS_URL", redis_url)
@@ -59,7 +83,11 @@ impl Server {
             .env("PULSE_TRUSTED_PROXIES", "127.0.0.1/32")
             .env("PULSE_AUTH_ATTEMPTS_PER_MINUTE", "0")
             .env("PULSE_VIEW_FLUSH_INTERVAL", "10s")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "warn");
+        for (name, value) in launch.env {
+            command.env(name, value);
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -146,6 +174,11 @@ impl Server {
         self.child.kill().await?;
         Ok(())
     }
+}
+
+/// The `DATABASE_URL` of a SQLite file, created if missing.
+pub fn sqlite_url(file: &Path) -> String {
+    format!("sqlite://{}?mode=rwc", file.display())
 }
 
 /// A loopback address with a port that was free a moment ago.

@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt as _;
 use redis::streams::{StreamClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
 use redis::{AsyncCommands as _, RedisResult};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +28,10 @@ pub struct JobSettings {
     pub max_backoff: Duration,
     /// Pause after a round that found nothing to do.
     pub poll: Duration,
+    /// Shards handled at once. A job's batches of different shards touch different rows, so a
+    /// server database commits them side by side and the drain rate grows with this until the
+    /// database or the CPU is busy; SQLite takes one writer at a time whatever it says.
+    pub shards_at_once: usize,
     /// How often the consumer trims the job's streams, refreshes its gauges and forgets the
     /// consumers (stopped processes) that have held nothing for longer than the lease.
     pub trim_every: Duration,
@@ -41,6 +46,7 @@ impl Default for JobSettings {
             backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(60),
             poll: Duration::from_millis(200),
+            shards_at_once: 4,
             trim_every: Duration::from_secs(10),
         }
     }
@@ -152,25 +158,39 @@ impl JobRuntime {
         self.round(job, &CancellationToken::new()).await
     }
 
-    /// Per shard: first the entries due again (failed ones past their backoff, and those of a
-    /// consumer whose lease ran out), then new ones. Stops between batches once `stop` fires.
+    /// Per shard, [`JobSettings::shards_at_once`] shards at a time: first the entries due again
+    /// (failed ones past their backoff, and those of a consumer whose lease ran out), then new
+    /// ones. Stops between batches once `stop` fires.
     async fn round(&self, job: &dyn Job, stop: &CancellationToken) -> RedisResult<usize> {
         let spec = job.spec();
+        let results: Vec<RedisResult<usize>> = futures_util::stream::iter(0..spec.shards)
+            .map(|shard| self.round_of_shard(job, shard, stop))
+            .buffer_unordered(self.settings.shards_at_once.max(1))
+            .collect()
+            .await;
+        results.into_iter().sum()
+    }
+
+    async fn round_of_shard(
+        &self,
+        job: &dyn Job,
+        shard: u32,
+        stop: &CancellationToken,
+    ) -> RedisResult<usize> {
+        let spec = job.spec();
         let mut handled = 0;
-        for shard in 0..spec.shards {
-            for due in [true, false] {
-                if stop.is_cancelled() {
-                    return Ok(handled);
-                }
-                let entries = if due {
-                    self.reclaim(spec, shard).await?
-                } else {
-                    self.read_new(spec, shard).await?
-                };
-                if !entries.is_empty() {
-                    handled += entries.len();
-                    self.process(job, shard, entries).await?;
-                }
+        for due in [true, false] {
+            if stop.is_cancelled() {
+                break;
+            }
+            let entries = if due {
+                self.reclaim(spec, shard).await?
+            } else {
+                self.read_new(spec, shard).await?
+            };
+            if !entries.is_empty() {
+                handled += entries.len();
+                self.process(job, shard, entries).await?;
             }
         }
         Ok(handled)

@@ -42,6 +42,7 @@ fn settings() -> JobSettings {
         backoff: Duration::from_millis(20),
         max_backoff: Duration::from_millis(200),
         poll: Duration::from_millis(10),
+        shards_at_once: 4,
         trim_every: Duration::from_millis(50),
     }
 }
@@ -771,4 +772,98 @@ async fn the_runtime_counts_processed_failed_retried_and_dead_lettered_entries_a
     assert_eq!(value("pulse_job_dead_lettered_total"), 1.0);
     assert_eq!(value("pulse_job_pending"), 0.0);
     assert_eq!(value("pulse_job_lag"), 2.0);
+}
+
+/// A job that only watches how its batches overlap: how many run at once in all, and per shard.
+struct OverlapWatcher {
+    in_flight: Mutex<(usize, HashMap<u32, usize>)>,
+    most_at_once: Mutex<(usize, usize)>,
+    handled: Mutex<HashMap<String, usize>>,
+}
+
+const OVERLAP_JOB: JobSpec = JobSpec {
+    name: "test-overlap",
+    shards: 8,
+    tag: "o",
+};
+
+#[async_trait::async_trait]
+impl Job for OverlapWatcher {
+    fn spec(&self) -> JobSpec {
+        OVERLAP_JOB
+    }
+
+    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+        let shard = batch[0].shard;
+        {
+            let mut in_flight = self.in_flight.lock().unwrap();
+            in_flight.0 += 1;
+            let of_shard = in_flight.1.entry(shard).or_default();
+            *of_shard += 1;
+            let of_shard = *of_shard;
+            let mut most = self.most_at_once.lock().unwrap();
+            *most = (most.0.max(in_flight.0), most.1.max(of_shard));
+        }
+        // Long enough for the other shards' batches to start meanwhile if the runtime lets them.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for entry in batch {
+            *self.handled.lock().unwrap().entry(key(entry)).or_default() += 1;
+        }
+        let mut in_flight = self.in_flight.lock().unwrap();
+        in_flight.0 -= 1;
+        *in_flight.1.entry(shard).or_default() -= 1;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_runtime_handles_as_many_shards_at_once_as_it_is_told_and_one_batch_per_shard() {
+    let fixture = Fixture::new().await;
+    let redis = fixture.redis().await;
+    let mut ids = Vec::new();
+    for shard in 0..OVERLAP_JOB.shards {
+        for n in 0..3 {
+            let payload = format!("{shard}-{n}");
+            let id = jobs::enqueue(&redis, OVERLAP_JOB, shard, &[("payload", payload.as_str())])
+                .await
+                .unwrap();
+            ids.push(format!("{shard}/{id}"));
+        }
+    }
+    let runtime = JobRuntime::new(
+        redis.clone(),
+        JobSettings {
+            batch: 1,
+            shards_at_once: 3,
+            ..settings()
+        },
+    );
+    let job = OverlapWatcher {
+        in_flight: Mutex::default(),
+        most_at_once: Mutex::default(),
+        handled: Mutex::default(),
+    };
+    let mut rounds = 0;
+    while job.handled.lock().unwrap().len() < ids.len() {
+        rounds += 1;
+        assert!(
+            rounds <= 10,
+            "the entries were not all handled in 10 rounds"
+        );
+        runtime.poll_once(&job).await.unwrap();
+    }
+
+    let (most, most_of_one_shard) = *job.most_at_once.lock().unwrap();
+    assert_eq!(most, 3, "batches of different shards at once");
+    assert_eq!(most_of_one_shard, 1, "batches of one shard at once");
+    let handled = job.handled.lock().unwrap().clone();
+    for id in &ids {
+        assert_eq!(handled.get(id), Some(&1), "entry {id} handled once");
+    }
+    let streams = jobs::status(&redis, OVERLAP_JOB).await.unwrap();
+    assert!(
+        streams
+            .iter()
+            .all(|stream| stream.pending == 0 && stream.lag == 0)
+    );
 }
