@@ -175,6 +175,10 @@ async fn seeded(app: &TestApp) -> (String, String) {
     (token, id)
 }
 
+/// Answers between two rounds that kill every SQL connection of the app: with 64 requests in
+/// flight, each round lands on a fresh set of requests, and each retry has time to finish.
+const DISRUPTION_EVERY: usize = 24;
+
 /// Which requests answered what while the database kept dropping connections.
 #[derive(Debug, Default)]
 struct Outcomes {
@@ -200,21 +204,30 @@ where
     let (token, id) = seeded(&app).await;
     let stop = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
     let disruptor = {
-        let (stop, killed) = (stop.clone(), killed.clone());
+        let (stop, killed, answered) = (stop.clone(), killed.clone(), answered.clone());
         tokio::spawn(async move {
+            let mut next_round = 0;
             while !stop.load(Ordering::Relaxed) {
+                if answered.load(Ordering::Relaxed) < next_round {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
                 killed.fetch_add(disrupt().await, Ordering::Relaxed);
                 // Every round kills every connection of the app: far harsher than production's
-                // occasional termination. Rounds every few milliseconds would kill even the fresh
-                // connection a retry opens, which tests the pool's patience, not the retry.
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                // occasional termination. Rounds are paced by answers, not by the clock: rounds
+                // too close together would kill even the fresh connection a retry opens (testing
+                // the pool's patience, not the retry), and on a busy machine a clock-paced round
+                // comes around before a slowed-down retry has had its chance.
+                next_round = answered.load(Ordering::Relaxed) + DISRUPTION_EVERY;
             }
         })
     };
     let next = Arc::new(AtomicUsize::new(0));
     let workers = (0..concurrency).map(|_| {
         let (app, token, id, next) = (app.clone(), token.clone(), id.clone(), next.clone());
+        let answered = answered.clone();
         tokio::spawn(async move {
             let mut outcomes = Outcomes::default();
             loop {
@@ -236,6 +249,7 @@ where
                     app.graphql("{ articles(first: 5) { nodes { id title } } }", json!({}))
                         .await
                 };
+                answered.fetch_add(1, Ordering::Relaxed);
                 let ok = response["errors"].is_null() && response["data"].is_object();
                 if !ok {
                     assert_eq!(error_code(&response), "UNAVAILABLE", "{response}");
@@ -277,7 +291,9 @@ fn assert_reads_survive(outcomes: &Outcomes, killed: usize) {
     assert!(killed > 0, "nothing was disrupted: the test tested nothing");
     let reads = outcomes.reads_ok + outcomes.reads_unavailable;
     assert!(
-        outcomes.reads_ok * 10 >= reads * 9,
+        // Measured with rounds every 24 answers on PostgreSQL: 1 to 8 of 480 reads fail with the
+        // retry, 36 without it.
+        outcomes.reads_ok * 100 >= reads * 97,
         "reads should survive a killed connection by retrying: {outcomes:?}"
     );
     assert!(outcomes.writes_ok > 0, "no write got through: {outcomes:?}");
