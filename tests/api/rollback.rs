@@ -33,7 +33,7 @@ async fn prefix_keys(redis: &Redis) -> Vec<String> {
             .arg("MATCH")
             .arg(format!("{}*", redis.keys.prefix()))
             .arg("COUNT")
-            .arg(1000)
+            .arg(10_000)
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -186,7 +186,15 @@ async fn a_redis_restored_from_an_older_snapshot_never_counts_flushed_views_twic
 /// The snapshot holds a batch taken but not yet committed; SQL then commits it and a later batch.
 #[tokio::test]
 async fn a_snapshot_taken_while_a_batch_was_in_flight_is_still_exact() {
-    let app = app_behind_proxy().await;
+    // The blocked flush waits on SQLite's write lock while the test snapshots Redis, which can take
+    // seconds on a busy machine: the default busy timeout would end the wait before the lock is freed.
+    let app = Arc::new(
+        TestApp::spawn_with(|config| {
+            config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+            config.sqlite_busy_timeout = Duration::from_secs(120);
+        })
+        .await,
+    );
     let article = publish_one(&app).await;
     assert_eq!(
         concurrent_views(&app, &article, 200, distinct_ip).await,
