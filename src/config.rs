@@ -343,7 +343,8 @@ impl std::str::FromStr for Secret {
 pub fn redacted_url(url: &str) -> String {
     let redacted = url.split_once("://").and_then(|(scheme, rest)| {
         let (credentials, host) = rest.split_once('@')?;
-        let user = credentials.split(':').next().unwrap_or_default();
+        // A URL without a password shows as it is: `postgres://app:***@db` would say it has one.
+        let (user, _password) = credentials.split_once(':')?;
         Some(format!("{scheme}://{user}:***@{host}"))
     });
     redacted.unwrap_or_else(|| url.to_owned())
@@ -366,6 +367,10 @@ mod tests {
         assert_eq!(
             redacted_url("redis://127.0.0.1:6379"),
             "redis://127.0.0.1:6379"
+        );
+        assert_eq!(
+            redacted_url("postgres://postgres@127.0.0.1:5432/test"),
+            "postgres://postgres@127.0.0.1:5432/test"
         );
     }
 

@@ -13,6 +13,8 @@ pub enum AppError {
     Forbidden(&'static str),
     #[error("{0} not found")]
     NotFound(&'static str),
+    #[error("no user has the handle `{0}`")]
+    NoSuchHandle(String),
     #[error("{message}")]
     BadUserInput {
         message: String,
@@ -21,6 +23,12 @@ pub enum AppError {
     },
     #[error("the request body did not arrive within {}", humantime::format_duration(*.0))]
     BodyTimeout(std::time::Duration),
+    #[error("a mutation cannot be sent with GET; send it with POST")]
+    MutationOverGet,
+    #[error(
+        "subscriptions are served over a websocket at /graphql/ws (subprotocol graphql-transport-ws or graphql-ws), not over HTTP"
+    )]
+    SubscriptionOverHttp,
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error("database error: {0}")]
@@ -51,9 +59,11 @@ impl AppError {
         match self {
             Self::Unauthenticated(_) => "UNAUTHENTICATED",
             Self::Forbidden(_) => "FORBIDDEN",
-            Self::NotFound(_) => "NOT_FOUND",
+            Self::NotFound(_) | Self::NoSuchHandle(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::MutationOverGet => "METHOD_NOT_ALLOWED",
+            Self::SubscriptionOverHttp => "WEBSOCKET_REQUIRED",
             // The client did not send its body in time: its request to fix, like any other.
             Self::BodyTimeout(_) => "BAD_USER_INPUT",
             Self::Database(err) if crate::db::transient(err).is_some() => "UNAVAILABLE",

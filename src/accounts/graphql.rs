@@ -11,25 +11,39 @@ use crate::graphql::pagination::{connection, connection_complexity};
 use crate::graphql::{actor, loaders, services};
 use crate::pagination::PageRequest;
 
-pub struct User(pub users::Model);
+pub struct User {
+    row: users::Model,
+    /// Whoever asks is this user, though the request itself was anonymous: the answer to the
+    /// sign-in or sign-up that made them so.
+    own_session: bool,
+}
+
+impl From<users::Model> for User {
+    fn from(row: users::Model) -> Self {
+        Self {
+            row,
+            own_session: false,
+        }
+    }
+}
 
 #[Object]
 impl User {
     pub async fn id(&self) -> ID {
-        ids::encode(NodeType::User, self.0.id)
+        ids::encode(NodeType::User, self.row.id)
     }
 
     async fn handle(&self) -> &str {
-        &self.0.handle
+        &self.row.handle
     }
 
     async fn created_at(&self) -> DateTime<Utc> {
-        self.0.created_at.and_utc()
+        self.row.created_at.and_utc()
     }
 
     /// Whether this user holds the admin role. Only the user themself can see it; null for others.
     async fn is_admin(&self, ctx: &Context<'_>) -> Option<bool> {
-        (actor(ctx).user == Some(self.0.id)).then_some(self.0.is_admin)
+        (self.own_session || actor(ctx).user == Some(self.row.id)).then_some(self.row.is_admin)
     }
 
     /// This user's articles, newest first.
@@ -43,7 +57,7 @@ impl User {
         let page = PageRequest::parse(USER_ARTICLES, first, after.as_deref()).gql()?;
         let articles = services(ctx)
             .articles
-            .list(page, Some(self.0.id))
+            .list(page, Some(self.row.id))
             .await
             .gql()?;
         prefetch_page(ctx, &articles).await?;
@@ -70,7 +84,7 @@ pub async fn load_user(ctx: &Context<'_>, id: i64) -> async_graphql::Result<Opti
         .get::<UserLoader>()
         .load_one(id)
         .await?
-        .map(User))
+        .map(User::from))
 }
 
 #[derive(SimpleObject)]
@@ -84,7 +98,10 @@ impl From<super::service::Session> for AuthPayload {
     fn from(session: super::service::Session) -> Self {
         Self {
             token: session.token,
-            user: User(session.user),
+            user: User {
+                row: session.user,
+                own_session: true,
+            },
         }
     }
 }
@@ -111,7 +128,7 @@ impl AccountsQuery {
             .by_handle(&handle)
             .await
             .gql()?
-            .map(User))
+            .map(User::from))
     }
 }
 

@@ -227,9 +227,9 @@ pub async fn set_admin(
     is_admin: bool,
 ) -> AppResult<users::Model> {
     let handle = Handle::parse(handle)?;
-    let user = find_by_handle(db, &handle)
-        .await?
-        .ok_or(AppError::NotFound("user"))?;
+    let Some(user) = find_by_handle(db, &handle).await? else {
+        return Err(AppError::NoSuchHandle(handle.as_str().to_owned()));
+    };
     let mut active: users::ActiveModel = user.into();
     active.is_admin = Set(is_admin);
     Ok(active.update(db).await?)

@@ -1,6 +1,7 @@
 //! Schema extensions: error codes on every error, per-operation metrics, the document guard and the
 //! parsed-document cache.
 
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -9,13 +10,14 @@ use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
     NextSubscribe,
 };
-use async_graphql::parser::types::ExecutableDocument;
+use async_graphql::parser::types::{ExecutableDocument, OperationType};
 use async_graphql::{ErrorExtensions, Request, Response, ServerError, ServerResult};
 use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
 use metrics::{Counter, Histogram};
 
 use super::guard;
+use super::order::{self, SchemaTypes};
 use crate::error::{AppError, shorten_message};
 
 /// Errors raised by our resolvers carry a code already. Those without one come from async-graphql
@@ -198,9 +200,17 @@ const MAX_CACHED_DOCUMENTS: usize = 512;
 /// Longer documents are parsed every time, so the cache's memory stays bounded.
 const MAX_CACHED_QUERY_BYTES: usize = 8 * 1024;
 
+/// How a request arrived over HTTP; requests without one came over a websocket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpMethod {
+    Get,
+    Post,
+}
+
 /// Refuses, with `BAD_USER_INPUT`, documents nested too deep to parse safely and documents too
 /// large once their fragments are spread (see [`guard`]), and keeps the documents that passed
-/// parsed, by query text.
+/// parsed, by query text. It refuses operations the transport cannot carry (a mutation over GET, a
+/// subscription over HTTP), and puts every response's fields in selection order (see [`order`]).
 ///
 /// It runs when the request is prepared, not in `parse_query`: the nesting scan must come before any
 /// parse, and the expansion check before async-graphql's own post-parse checks, which run inside
@@ -213,26 +223,28 @@ const MAX_CACHED_QUERY_BYTES: usize = 8 * 1024;
 pub struct DocumentGuard {
     /// Nodes the operations of one document may select once spreads are expanded.
     max_expanded: usize,
-    documents: Arc<Mutex<HashMap<String, ExecutableDocument>>>,
+    types: Arc<SchemaTypes>,
+    documents: Arc<Mutex<HashMap<String, Arc<ExecutableDocument>>>>,
 }
 
 impl DocumentGuard {
     /// Allows a few times the complexity limit, which counts every field of a query at least once:
     /// queries that pass validation fit with room for their arguments and directives, and
     /// validating what fits stays cheap.
-    pub fn new(max_complexity: usize) -> Self {
+    pub fn new(max_complexity: usize, types: Arc<SchemaTypes>) -> Self {
         Self {
             max_expanded: max_complexity.saturating_mul(4),
+            types,
             documents: Arc::default(),
         }
     }
 
-    fn cached(&self, query: &str) -> Option<ExecutableDocument> {
+    fn cached(&self, query: &str) -> Option<Arc<ExecutableDocument>> {
         let documents = self.documents.lock().expect("cache lock poisoned");
         documents.get(query).cloned()
     }
 
-    fn keep(&self, query: &str, document: &ExecutableDocument) {
+    fn keep(&self, query: &str, document: &Arc<ExecutableDocument>) {
         if query.len() > MAX_CACHED_QUERY_BYTES {
             return;
         }
@@ -242,46 +254,118 @@ impl DocumentGuard {
         }
         documents.insert(query.to_owned(), document.clone());
     }
+
+    /// The request's document, checked, probed for the response order, and kept.
+    fn document(&self, request: &mut Request) -> ServerResult<Arc<ExecutableDocument>> {
+        if let Some(document) = self.cached(&request.query) {
+            return Ok(document);
+        }
+        guard::check_nesting(&request.query).map_err(refused)?;
+        let mut document = async_graphql::parser::parse_query(&request.query)?;
+        guard::check_expansion(&document, self.max_expanded).map_err(refused)?;
+        order::add_type_probes(&self.types, &mut document);
+        let document = Arc::new(document);
+        self.keep(&request.query, &document);
+        Ok(document)
+    }
 }
 
 impl ExtensionFactory for DocumentGuard {
     fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(DocumentGuard {
-            max_expanded: self.max_expanded,
-            documents: self.documents.clone(),
+        Arc::new(DocumentGuardExtension {
+            guard: DocumentGuard {
+                max_expanded: self.max_expanded,
+                types: self.types.clone(),
+                documents: self.documents.clone(),
+            },
+            executed: Arc::default(),
         })
     }
 }
 
+struct DocumentGuardExtension {
+    guard: DocumentGuard,
+    /// The document and operation name of this request, for putting its answers in order.
+    executed: Arc<Mutex<Option<Executed>>>,
+}
+
+type Executed = (Arc<ExecutableDocument>, Option<String>);
+
+fn in_selection_order(
+    types: &SchemaTypes,
+    executed: &Mutex<Option<Executed>>,
+    mut response: Response,
+) -> Response {
+    let executed = executed.lock().expect("document lock poisoned");
+    if let Some((document, operation)) = executed.as_ref() {
+        order::order_response(types, document, operation.as_deref(), &mut response.data);
+    }
+    response
+}
+
 /// A document refused as a whole: no position in it is to blame.
 fn refused(refusal: guard::Refusal) -> ServerError {
-    let error = AppError::BadUserInput {
+    whole_request(AppError::BadUserInput {
         message: refusal.to_string(),
         field: None,
-    }
-    .extend();
+    })
+}
+
+fn whole_request(error: AppError) -> ServerError {
+    let error = error.extend();
     let mut server_error = ServerError::new(error.message, None);
     server_error.extensions = error.extensions;
     server_error
 }
 
+/// A mutation over GET, or a subscription over HTTP at all: the transport cannot carry it.
+fn check_transport(request: &Request, document: &ExecutableDocument) -> ServerResult<()> {
+    let method = request
+        .data
+        .get(&TypeId::of::<HttpMethod>())
+        .and_then(|method| method.downcast_ref::<HttpMethod>());
+    let Some(method) = method else {
+        return Ok(());
+    };
+    let Some(operation) = order::operation(document, request.operation_name.as_deref()) else {
+        return Ok(());
+    };
+    match (method, operation.node.ty) {
+        (_, OperationType::Subscription) => Err(whole_request(AppError::SubscriptionOverHttp)),
+        (HttpMethod::Get, OperationType::Mutation) => Err(whole_request(AppError::MutationOverGet)),
+        _ => Ok(()),
+    }
+}
+
 #[async_trait::async_trait]
-impl Extension for DocumentGuard {
+impl Extension for DocumentGuardExtension {
+    async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
+        in_selection_order(&self.guard.types, &self.executed, next.run(ctx).await)
+    }
+
+    fn subscribe<'s>(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        stream: BoxStream<'s, Response>,
+        next: NextSubscribe<'_>,
+    ) -> BoxStream<'s, Response> {
+        let (types, executed) = (self.guard.types.clone(), self.executed.clone());
+        next.run(ctx, stream)
+            .map(move |response| in_selection_order(&types, &executed, response))
+            .boxed()
+    }
+
     async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
         mut request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
-        if let Some(document) = self.cached(&request.query) {
-            request.set_parsed_query(document);
-            return next.run(ctx, request).await;
-        }
-        guard::check_nesting(&request.query).map_err(refused)?;
-        let query = request.query.clone();
-        let document = request.parsed_query()?;
-        guard::check_expansion(document, self.max_expanded).map_err(refused)?;
-        self.keep(&query, document);
+        let document = self.guard.document(&mut request)?;
+        check_transport(&request, &document)?;
+        request.set_parsed_query(ExecutableDocument::clone(&document));
+        *self.executed.lock().expect("document lock poisoned") =
+            Some((document, request.operation_name.clone()));
         next.run(ctx, request).await
     }
 }

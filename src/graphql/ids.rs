@@ -38,9 +38,19 @@ pub fn decode(id: &ID, expected: NodeType, field: &'static str) -> AppResult<i64
         (node_type, row_id) if node_type == expected => Ok(row_id),
         _ => Err(AppError::bad_input(
             field,
-            format!("not a {} id", expected.name()),
+            format!("not {} id", with_article(expected.name())),
         )),
     }
+}
+
+/// "an Article", "a User": the indefinite article a type name takes, by its sound (type names
+/// starting with U say "you").
+fn with_article(name: &str) -> String {
+    let article = match name.chars().next() {
+        Some('A' | 'E' | 'I' | 'O') => "an",
+        _ => "a",
+    };
+    format!("{article} {name}")
 }
 
 #[cfg(test)]
@@ -59,6 +69,10 @@ mod tests {
         let id = encode(NodeType::User, 7);
         let err = decode(&id, NodeType::Article, "articleId").unwrap_err();
         assert_eq!(err.code(), "BAD_USER_INPUT");
+        assert_eq!(err.to_string(), "not an Article id");
+        let article = encode(NodeType::Article, 7);
+        let err = decode(&article, NodeType::User, "userId").unwrap_err();
+        assert_eq!(err.to_string(), "not a User id");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod guard;
 pub mod ids;
 pub mod loaders;
 pub mod node;
+pub mod order;
 pub mod pagination;
 pub mod schema;
 

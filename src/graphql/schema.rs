@@ -5,6 +5,7 @@ use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
 use super::extensions::{DocumentGuard, ErrorCodes, OperationMetrics};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
+use super::order::SchemaTypes;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
@@ -45,6 +46,7 @@ pub struct QueryLimits {
 
 /// The schema's shape and limits, without data: what `print-schema` and the server share.
 pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscription> {
+    let types = SchemaTypes::from_sdl(&sdl()).expect("async-graphql prints SDL its parser reads");
     let builder = Schema::build(
         Query::default(),
         Mutation::default(),
@@ -59,7 +61,7 @@ pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscripti
     .extension(ErrorCodes)
     .extension(OperationMetrics::default())
     // A cached document skips the parse and the guard's checks, which it passed when it was cached.
-    .extension(DocumentGuard::new(limits.max_complexity));
+    .extension(DocumentGuard::new(limits.max_complexity, Arc::new(types)));
     if limits.introspection {
         builder
     } else {
@@ -73,10 +75,11 @@ pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
 
 /// The schema in SDL, as checked in at `schema.graphql`.
 pub fn sdl() -> String {
-    let limits = QueryLimits {
-        max_depth: usize::MAX,
-        max_complexity: usize::MAX,
-        introspection: true,
-    };
-    builder(limits).finish().sdl()
+    Schema::build(
+        Query::default(),
+        Mutation::default(),
+        Subscription::default(),
+    )
+    .finish()
+    .sdl()
 }

@@ -5,16 +5,19 @@ use async_graphql::http::GraphiQLSource;
 use async_graphql::{Data, ErrorExtensions};
 use axum::body::Bytes;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{ConnectInfo, Extension, FromRequest, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{ConnectInfo, Extension, FromRequest, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::json;
 
+use super::media::{self, Accepted, MediaType};
 use super::server::ConnectionSlot;
 use super::websocket;
 use crate::actor::Actor;
 use crate::app::AppState;
 use crate::error::{AppError, shorten_message};
+use crate::graphql::extensions::HttpMethod;
 use crate::graphql::schema::attach_request_data;
 
 pub async fn graphiql() -> Html<String> {
@@ -28,10 +31,10 @@ pub async fn graphiql() -> Html<String> {
 }
 
 /// A transport-level failure, in the shape GraphQL clients already parse.
-fn transport_error(status: StatusCode, error: AppError) -> Response {
+fn transport_error(status: StatusCode, media: MediaType, error: AppError) -> Response {
     let error = error.extend();
     let body = json!({ "errors": [{ "message": error.message, "extensions": error.extensions }] });
-    (status, axum::Json(body)).into_response()
+    media::json_response(status, media, body.to_string())
 }
 
 /// The bearer token of an `Authorization` header, if any. A header that is present but malformed is
@@ -61,10 +64,11 @@ fn bearer_token(value: &str) -> Result<&str, AppError> {
 }
 
 /// A body that is not a request this endpoint serves. The JSON parser's message can quote the body.
-fn malformed(status: StatusCode, mut message: String) -> Response {
+fn malformed(status: StatusCode, media: MediaType, mut message: String) -> Response {
     shorten_message(&mut message);
     transport_error(
         status,
+        media,
         AppError::BadUserInput {
             message,
             field: None,
@@ -90,61 +94,201 @@ fn actor(
     })
 }
 
-pub async fn execute(
-    State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
+/// The body of a POST, read within the body timeout and the size limit.
+async fn read_body(
+    state: &AppState,
     request: Request,
-) -> Response {
+    media: MediaType,
+) -> Result<Bytes, Response> {
     // The clock runs from the end of the headers, so a client trickling its body in holds the
     // connection for at most this long.
     let body = tokio::time::timeout(state.body_timeout, Bytes::from_request(request, &())).await;
-    let body = match body {
+    match body {
         Err(_) => {
             let mut response = transport_error(
                 StatusCode::REQUEST_TIMEOUT,
+                media,
                 AppError::BodyTimeout(state.body_timeout),
             );
             // The rest of the body may still be on its way; the connection cannot serve another request.
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return response;
+            Err(response)
         }
-        Ok(Ok(body)) => body,
+        Ok(Ok(body)) => Ok(body),
         Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
             let message = format!("request body is larger than {} bytes", state.max_body_bytes);
-            return malformed(StatusCode::PAYLOAD_TOO_LARGE, message);
+            Err(malformed(StatusCode::PAYLOAD_TOO_LARGE, media, message))
         }
         Ok(Err(rejection)) => {
             let message = format!("cannot read the request body: {rejection}");
-            return malformed(rejection.status(), message);
+            Err(malformed(rejection.status(), media, message))
         }
+    }
+}
+
+/// A POST must say its body is JSON: GraphQL over HTTP requires `application/json`, and refusing the
+/// rest keeps browsers from sending queries as "simple" cross-site requests without a preflight.
+fn check_content_type(headers: &HeaderMap) -> Result<(), String> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok());
+    let Some(content_type) = content_type else {
+        return Err("a POST needs `Content-Type: application/json`".to_owned());
     };
-    let mut request = match serde_json::from_slice::<async_graphql::Request>(&body) {
+    let mut parts = content_type.split(';');
+    let essence = parts.next().unwrap_or_default().trim();
+    let charset_ok = parts.all(|parameter| match parameter.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        _ => true,
+    });
+    if essence.eq_ignore_ascii_case("application/json") && charset_ok {
+        return Ok(());
+    }
+    Err(format!(
+        "unsupported Content-Type `{content_type}`; send `application/json` (UTF-8)"
+    ))
+}
+
+pub async fn post(
+    State(state): State<Arc<AppState>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    request: Request,
+) -> Response {
+    let media = match media::negotiate(&headers, false) {
+        Accepted::Graphql(media) => media,
+        Accepted::Html | Accepted::Nothing => return not_acceptable(),
+    };
+    if let Err(message) = check_content_type(&headers) {
+        return malformed(StatusCode::UNSUPPORTED_MEDIA_TYPE, media, message);
+    }
+    let body = match read_body(&state, request, media).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let request = match serde_json::from_slice::<async_graphql::Request>(&body) {
         Ok(request) if request.query.trim().is_empty() => {
             return malformed(
                 StatusCode::BAD_REQUEST,
+                media,
                 "the request has no `query`".to_owned(),
             );
         }
         Ok(request) => request,
         Err(_) if body.first() == Some(&b'[') => {
             let message = "batched requests are not supported; send one operation per request";
-            return malformed(StatusCode::BAD_REQUEST, message.to_owned());
+            return malformed(StatusCode::BAD_REQUEST, media, message.to_owned());
         }
         Err(err) => {
             let message = format!("the body is not a GraphQL request in JSON: {err}");
-            return malformed(StatusCode::BAD_REQUEST, message);
+            return malformed(StatusCode::BAD_REQUEST, media, message);
         }
     };
-    let caller = match bearer(&headers).and_then(|token| actor(&state, peer, &headers, token)) {
-        Ok(caller) => caller,
-        Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
+    respond(&state, peer, &headers, request, HttpMethod::Post, media).await
+}
+
+/// The parameters of a GraphQL request sent with GET, as the GraphQL over HTTP spec names them.
+#[derive(Deserialize)]
+struct GetParameters {
+    query: Option<String>,
+    #[serde(rename = "operationName")]
+    operation_name: Option<String>,
+    variables: Option<String>,
+}
+
+/// A query over GET: what CDNs and browser caches can keep. A browser asking for HTML with no
+/// query gets GraphiQL.
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    let accepted = media::negotiate(&headers, true);
+    let query = Query::<GetParameters>::try_from_uri(&uri);
+    let asks_nothing = matches!(&query, Ok(Query(p)) if p.query.is_none());
+    let media = match accepted {
+        Accepted::Html if asks_nothing => return graphiql().await.into_response(),
+        // A GET URL with a query opened in a browser: the answer is what it asked for.
+        Accepted::Html => MediaType::Json,
+        Accepted::Graphql(media) => media,
+        Accepted::Nothing => return not_acceptable(),
     };
+    let parameters = match query {
+        Ok(Query(parameters)) => parameters,
+        Err(rejection) => {
+            let message = format!("the URL's parameters are not a GraphQL request: {rejection}");
+            return malformed(StatusCode::BAD_REQUEST, media, message);
+        }
+    };
+    let Some(query) = parameters.query.filter(|query| !query.trim().is_empty()) else {
+        let message =
+            "the request has no `query` parameter (open /graphql in a browser for GraphiQL)";
+        return malformed(StatusCode::BAD_REQUEST, media, message.to_owned());
+    };
+    let mut request = async_graphql::Request::new(query);
+    if let Some(name) = parameters.operation_name.filter(|name| !name.is_empty()) {
+        request = request.operation_name(name);
+    }
+    if let Some(variables) = parameters.variables.filter(|v| !v.is_empty()) {
+        match serde_json::from_str::<serde_json::Value>(&variables) {
+            Ok(variables @ (serde_json::Value::Object(_) | serde_json::Value::Null)) => {
+                request = request.variables(async_graphql::Variables::from_json(variables));
+            }
+            _ => {
+                let message = "`variables` must be a JSON object".to_owned();
+                return malformed(StatusCode::BAD_REQUEST, media, message);
+            }
+        }
+    }
+    respond(&state, peer, &headers, request, HttpMethod::Get, media).await
+}
+
+fn not_acceptable() -> Response {
+    let message = format!(
+        "the Accept header allows no type this endpoint answers in; accept `{}` or `{}`",
+        media::GRAPHQL_RESPONSE_JSON,
+        media::JSON
+    );
+    malformed(StatusCode::NOT_ACCEPTABLE, MediaType::Json, message)
+}
+
+async fn respond(
+    state: &AppState,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    mut request: async_graphql::Request,
+    method: HttpMethod,
+    media: MediaType,
+) -> Response {
+    let caller = match bearer(headers).and_then(|token| actor(state, peer, headers, token)) {
+        Ok(caller) => caller,
+        Err(err) => return transport_error(StatusCode::UNAUTHORIZED, media, err),
+    };
+    let signed_in = caller.user.is_some();
     attach_request_data(&state.services, &mut request.data, caller);
+    request.data.insert(method);
     let response = state.schema.execute(request).await;
-    axum::Json(response).into_response()
+    let mut answer = media::answer(response, media, method);
+    if method == HttpMethod::Get {
+        let headers = answer.headers_mut();
+        // Answers differ by who asks and in what type; a cache must not hand one to the other.
+        headers.insert(
+            header::VARY,
+            HeaderValue::from_static("Accept, Authorization"),
+        );
+        if signed_in {
+            headers.insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("private, no-store"),
+            );
+        }
+    }
+    answer
 }
 
 /// The token a websocket client sends in its `connection_init` payload: `{"token": "…"}`, or the
@@ -180,7 +324,7 @@ pub async fn websocket(
     };
     let header_token = match bearer(&headers) {
         Ok(token) => token.map(str::to_owned),
-        Err(err) => return transport_error(StatusCode::UNAUTHORIZED, err),
+        Err(err) => return transport_error(StatusCode::UNAUTHORIZED, MediaType::Json, err),
     };
     upgrade
         .protocols([protocol.sec_websocket_protocol()])

@@ -2,6 +2,7 @@
 
 pub mod client_ip;
 mod graphql;
+mod media;
 mod ops;
 pub mod server;
 pub mod websocket;
@@ -24,7 +25,7 @@ use crate::app::AppState;
 pub fn router(state: AppState, cors: CorsLayer) -> Router {
     let max_body_bytes = state.max_body_bytes;
     Router::new()
-        .route("/graphql", get(graphql::graphiql).post(graphql::execute))
+        .route("/graphql", get(graphql::get).post(graphql::post))
         .route("/graphql/ws", get(graphql::websocket))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))

@@ -179,13 +179,35 @@ async fn the_admin_role_is_read_fresh_from_sql() {
     );
     accounts.set_admin("grace", true).await.unwrap();
     accounts.require_admin(id).await.unwrap();
+    let unknown = accounts.set_admin("nobody_here", true).await.unwrap_err();
+    assert_eq!(unknown.code(), "NOT_FOUND");
+    assert_eq!(unknown.to_string(), "no user has the handle `nobody_here`");
+}
+
+#[tokio::test]
+async fn signing_in_or_up_shows_the_user_their_own_admin_role() {
+    let app = TestApp::spawn().await;
+    let query = "mutation($h: String!, $p: String!) { signUp(handle: $h, password: $p) { user { isAdmin } } }";
+    let response = app
+        .graphql(query, json!({ "h": "kim", "p": crate::helpers::PASSWORD }))
+        .await;
     assert_eq!(
-        accounts
-            .set_admin("nobody_here", true)
-            .await
-            .unwrap_err()
-            .code(),
-        "NOT_FOUND"
+        response["data"]["signUp"]["user"]["isAdmin"], false,
+        "{response}"
+    );
+    app.state
+        .services
+        .accounts
+        .set_admin("kim", true)
+        .await
+        .unwrap();
+    let query = "mutation($h: String!, $p: String!) { signIn(handle: $h, password: $p) { user { isAdmin } } }";
+    let response = app
+        .graphql(query, json!({ "h": "kim", "p": crate::helpers::PASSWORD }))
+        .await;
+    assert_eq!(
+        response["data"]["signIn"]["user"]["isAdmin"], true,
+        "{response}"
     );
 }
 

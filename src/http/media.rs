@@ -1,0 +1,186 @@
+//! The media types of GraphQL over HTTP: which one a client accepts, and the status codes each
+//! one's answers carry.
+//!
+//! `application/graphql-response+json` is the spec's own type: a request that never executed (it
+//! did not parse or validate, its variables did not coerce) is a 4xx without a `data` entry, so
+//! proxies and clients can tell it from an answer. `application/json` is what clients sent before
+//! the spec: every GraphQL answer is a 200 there, as it always was here.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+
+use crate::graphql::extensions::HttpMethod;
+
+pub const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
+pub const JSON: &str = "application/json";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediaType {
+    GraphqlResponseJson,
+    Json,
+}
+
+impl MediaType {
+    fn content_type(self) -> HeaderValue {
+        match self {
+            Self::GraphqlResponseJson => {
+                HeaderValue::from_static("application/graphql-response+json; charset=utf-8")
+            }
+            Self::Json => HeaderValue::from_static(JSON),
+        }
+    }
+}
+
+/// What the client's `Accept` header lets this endpoint answer with.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Accepted {
+    Graphql(MediaType),
+    /// A browser that wants a page: GraphiQL.
+    Html,
+    /// Nothing this endpoint produces.
+    Nothing,
+}
+
+/// The client's preferred type by quality; on a tie the spec's type, then JSON, then HTML. No
+/// `Accept` header, `*/*` or `application/*` mean `application/json`, as the spec asks while
+/// clients move over.
+pub fn negotiate(headers: &HeaderMap, html: bool) -> Accepted {
+    let Some(accept) = headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+    else {
+        return Accepted::Graphql(MediaType::Json);
+    };
+    let mut best: Option<(f32, u8, Accepted)> = None;
+    for range in accept.split(',') {
+        let mut parts = range.split(';');
+        let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let quality = parts
+            .filter_map(|parameter| parameter.split_once('='))
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
+            .map_or(Some(1.0), |(_, value)| value.trim().parse::<f32>().ok());
+        let Some(quality) = quality.filter(|quality| *quality > 0.0) else {
+            continue;
+        };
+        let (rank, accepted) = match essence.as_str() {
+            GRAPHQL_RESPONSE_JSON => (3, Accepted::Graphql(MediaType::GraphqlResponseJson)),
+            JSON => (2, Accepted::Graphql(MediaType::Json)),
+            "application/*" | "*/*" => (1, Accepted::Graphql(MediaType::Json)),
+            "text/html" if html => (0, Accepted::Html),
+            _ => continue,
+        };
+        let better = best
+            .as_ref()
+            .is_none_or(|(q, r, _)| (quality, rank) > (*q, *r));
+        if better {
+            best = Some((quality, rank, accepted));
+        }
+    }
+    best.map_or(Accepted::Nothing, |(_, _, accepted)| accepted)
+}
+
+pub fn json_response(status: StatusCode, media: MediaType, body: String) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, media.content_type());
+    response
+}
+
+/// Whether the response is to a request that never executed: no data, and no error at a field.
+fn is_request_error(response: &async_graphql::Response) -> bool {
+    response.data == async_graphql::Value::Null
+        && !response.errors.is_empty()
+        && response.errors.iter().all(|error| error.path.is_empty())
+}
+
+fn first_code(response: &async_graphql::Response) -> Option<&str> {
+    let extensions = response.errors.first()?.extensions.as_ref()?;
+    match extensions.get("code")? {
+        async_graphql::Value::String(code) => Some(code),
+        _ => None,
+    }
+}
+
+/// The HTTP answer to an executed (or refused) GraphQL request.
+pub fn answer(response: async_graphql::Response, media: MediaType, method: HttpMethod) -> Response {
+    let request_error = is_request_error(&response);
+    let code = if request_error {
+        first_code(&response)
+    } else {
+        None
+    };
+    let status = match (code, media) {
+        (Some("METHOD_NOT_ALLOWED"), _) => StatusCode::METHOD_NOT_ALLOWED,
+        (Some("UNAVAILABLE"), MediaType::GraphqlResponseJson) => StatusCode::SERVICE_UNAVAILABLE,
+        (Some("INTERNAL"), MediaType::GraphqlResponseJson) => StatusCode::INTERNAL_SERVER_ERROR,
+        (Some(_), MediaType::GraphqlResponseJson) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    };
+    let cache_control = (method == HttpMethod::Get && response.errors.is_empty())
+        .then(|| response.cache_control.value())
+        .flatten();
+    let body = if request_error && media == MediaType::GraphqlResponseJson {
+        let mut body = serde_json::Map::new();
+        body.insert("errors".into(), serde_json::json!(response.errors));
+        if !response.extensions.is_empty() {
+            body.insert("extensions".into(), serde_json::json!(response.extensions));
+        }
+        serde_json::Value::Object(body).to_string()
+    } else {
+        serde_json::to_string(&response).expect("a GraphQL response serializes")
+    };
+    let mut answer = json_response(status, media, body);
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        answer
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    }
+    if let Some(value) = cache_control.and_then(|value| HeaderValue::from_str(&value).ok()) {
+        answer.headers_mut().insert(header::CACHE_CONTROL, value);
+    }
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accepting(accept: Option<&str>, html: bool) -> Accepted {
+        let mut headers = HeaderMap::new();
+        if let Some(accept) = accept {
+            headers.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
+        }
+        negotiate(&headers, html)
+    }
+
+    #[test]
+    fn the_preferred_type_wins_by_quality_then_by_the_specs_order() {
+        use Accepted::*;
+        use MediaType::*;
+        assert_eq!(accepting(None, true), Graphql(Json));
+        assert_eq!(accepting(Some("*/*"), true), Graphql(Json));
+        assert_eq!(
+            accepting(
+                Some("application/json, application/graphql-response+json"),
+                false
+            ),
+            Graphql(GraphqlResponseJson)
+        );
+        assert_eq!(
+            accepting(
+                Some("application/graphql-response+json;q=0.5, application/json"),
+                false
+            ),
+            Graphql(Json)
+        );
+        let browser = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+        assert_eq!(accepting(Some(browser), true), Html);
+        assert_eq!(accepting(Some(browser), false), Graphql(Json));
+        assert_eq!(accepting(Some("text/html"), false), Nothing);
+        assert_eq!(accepting(Some("application/json;q=0"), false), Nothing);
+        assert_eq!(accepting(Some("application/xml"), false), Nothing);
+    }
+}
