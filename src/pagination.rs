@@ -118,7 +118,7 @@ impl<K: SortKey> PageRequest<K> {
         if !(0..=MAX_PAGE_SIZE).contains(&first) {
             return Err(AppError::bad_input(
                 "first",
-                format!("first must be between 0 and {MAX_PAGE_SIZE}"),
+                format!("first is {first}; it must be between 0 and {MAX_PAGE_SIZE}"),
             ));
         }
         Ok(Self {

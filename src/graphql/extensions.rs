@@ -8,10 +8,12 @@ use std::time::Instant;
 
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
-    NextSubscribe,
+    NextSubscribe, NextValidation,
 };
 use async_graphql::parser::types::{ExecutableDocument, OperationType};
-use async_graphql::{ErrorExtensions, Request, Response, ServerError, ServerResult};
+use async_graphql::{
+    ErrorExtensions, Request, Response, ServerError, ServerResult, ValidationResult,
+};
 use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
 use metrics::{Counter, Histogram};
@@ -367,5 +369,44 @@ impl Extension for DocumentGuardExtension {
         *self.executed.lock().expect("document lock poisoned") =
             Some((document, request.operation_name.clone()));
         next.run(ctx, request).await
+    }
+}
+
+/// The depth and complexity limits, checked on what validation measured so that a refusal names
+/// the value it found and the limit it broke (async-graphql's own checks say only "too complex").
+#[derive(Clone, Copy)]
+pub struct QueryLimitsCheck {
+    pub max_depth: usize,
+    pub max_complexity: usize,
+}
+
+impl ExtensionFactory for QueryLimitsCheck {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(*self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Extension for QueryLimitsCheck {
+    async fn validation(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        next: NextValidation<'_>,
+    ) -> Result<ValidationResult, Vec<ServerError>> {
+        let measured = next.run(ctx).await?;
+        let over = |what: &str, found: usize, limit: usize| {
+            let message = format!("query {what} {found} exceeds the limit of {limit}");
+            vec![whole_request(AppError::BadUserInput {
+                message,
+                field: None,
+            })]
+        };
+        if measured.depth > self.max_depth {
+            return Err(over("depth", measured.depth, self.max_depth));
+        }
+        if measured.complexity > self.max_complexity {
+            return Err(over("complexity", measured.complexity, self.max_complexity));
+        }
+        Ok(measured)
     }
 }

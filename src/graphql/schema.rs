@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
 
-use super::extensions::{DocumentGuard, ErrorCodes, OperationMetrics};
+use super::extensions::{DocumentGuard, ErrorCodes, OperationMetrics, QueryLimitsCheck};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
 use super::order::SchemaTypes;
@@ -52,13 +52,15 @@ pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscripti
         Mutation::default(),
         Subscription::default(),
     )
-    .limit_depth(limits.max_depth)
-    .limit_complexity(limits.max_complexity)
     // Bounds async-graphql's walks through nested selections and spreads after parsing; the parser's
     // own recursion is bounded by `DocumentGuard`'s scan.
     .limit_recursive_depth(limits.max_depth.saturating_mul(2).max(32))
     .limit_directives(16)
     .extension(ErrorCodes)
+    .extension(QueryLimitsCheck {
+        max_depth: limits.max_depth,
+        max_complexity: limits.max_complexity,
+    })
     .extension(OperationMetrics::default())
     // A cached document skips the parse and the guard's checks, which it passed when it was cached.
     .extension(DocumentGuard::new(limits.max_complexity, Arc::new(types)));

@@ -100,6 +100,10 @@ async fn read_body(
     request: Request,
     media: MediaType,
 ) -> Result<Bytes, Response> {
+    let declared_length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     // The clock runs from the end of the headers, so a client trickling its body in holds the
     // connection for at most this long.
     let body = tokio::time::timeout(state.body_timeout, Bytes::from_request(request, &())).await;
@@ -118,7 +122,13 @@ async fn read_body(
         }
         Ok(Ok(body)) => Ok(body),
         Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            let message = format!("request body is larger than {} bytes", state.max_body_bytes);
+            let limit = state.max_body_bytes;
+            let message = match declared_length {
+                Some(length) => {
+                    format!("request body of {length} bytes exceeds the limit of {limit} bytes")
+                }
+                None => format!("request body exceeds the limit of {limit} bytes"),
+            };
             Err(malformed(StatusCode::PAYLOAD_TOO_LARGE, media, message))
         }
         Ok(Err(rejection)) => {

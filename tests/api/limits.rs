@@ -16,15 +16,21 @@ async fn still_serves(app: &TestApp) {
 }
 
 #[tokio::test]
-async fn a_query_fifty_levels_deep_is_refused() {
+async fn a_query_deeper_than_the_limit_is_refused_naming_both() {
     let app = TestApp::spawn().await;
     let mut query = String::from("id");
-    for _ in 0..25 {
+    for _ in 0..5 {
         query = format!("articles {{ edges {{ node {{ author {{ {query} }} }} }} }}");
     }
     let response = app.graphql(&format!("{{ {query} }}"), json!({})).await;
     assert_eq!(error_code(&response), "BAD_USER_INPUT");
     assert!(response["data"].is_null());
+    let limit = app.config.max_query_depth;
+    assert_eq!(
+        response["errors"][0]["message"],
+        format!("query depth 21 exceeds the limit of {limit}"),
+        "the refusal names what it found and the limit"
+    );
     still_serves(&app).await;
 }
 
@@ -36,11 +42,10 @@ async fn a_query_with_ten_thousand_aliases_is_refused() {
         .collect();
     let response = app.graphql(&format!("{{ {fields} }}"), json!({})).await;
     assert_eq!(error_code(&response), "BAD_USER_INPUT");
-    assert!(
-        response["errors"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("complex"),
+    let limit = app.config.max_query_complexity;
+    assert_eq!(
+        response["errors"][0]["message"],
+        format!("query complexity 20000 exceeds the limit of {limit}"),
         "{response}"
     );
     still_serves(&app).await;
@@ -52,6 +57,28 @@ async fn large_pages_of_nested_connections_cost_their_size() {
     let query = "{ articles(first: 100) { edges { node { author { articles(first: 100) { edges { node { title body } } } } } } } }";
     let response = app.graphql(query, json!({})).await;
     assert_eq!(error_code(&response), "BAD_USER_INPUT", "{response}");
+    let message = response["errors"][0]["message"].as_str().unwrap();
+    assert!(message.starts_with("query complexity "), "{message}");
+    assert!(
+        message.ends_with(&format!(
+            "exceeds the limit of {}",
+            app.config.max_query_complexity
+        )),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_page_over_the_limit_names_the_size_asked_for() {
+    let app = TestApp::spawn().await;
+    let response = app
+        .graphql("{ articles(first: 500) { edges { cursor } } }", json!({}))
+        .await;
+    assert_eq!(error_code(&response), "BAD_USER_INPUT", "{response}");
+    assert_eq!(
+        response["errors"][0]["message"],
+        "first is 500; it must be between 0 and 100"
+    );
 }
 
 #[tokio::test]
@@ -60,9 +87,15 @@ async fn a_five_mebibyte_body_is_refused() {
     let padding = "x".repeat(5 * 1024 * 1024);
     let body =
         json!({ "query": "{ viewer { id } }", "variables": { "padding": padding } }).to_string();
+    let length = body.len();
     let (status, response) = app.post_raw(body, None).await;
     assert_eq!(status, 413);
     assert_eq!(error_code(&response), "BAD_USER_INPUT");
+    let limit = app.config.max_body_bytes;
+    assert_eq!(
+        response["errors"][0]["message"],
+        format!("request body of {length} bytes exceeds the limit of {limit} bytes")
+    );
     still_serves(&app).await;
 }
 
