@@ -1,6 +1,7 @@
 //! Logging and metrics set-up. Log lines are messages with dotted fields; tokens, passwords and
 //! client addresses are never logged.
 
+use std::io::IsTerminal;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -10,8 +11,12 @@ use crate::config::LogFormat;
 
 pub fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour codes only help a person at a terminal; in a file or a log collector they are noise
+    // that breaks searches. NO_COLOR (no-color.org) turns them off at a terminal too.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -24,16 +29,199 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// The process-wide Prometheus recorder (the `metrics` facade has one global recorder, so every app
-/// in a process, as in the test suite, shares it).
+/// in a process, as in the test suite, shares it), with every metric of [`METRICS`] described and
+/// present from the start: a dashboard or an alert on a counter that has not moved yet sees a 0,
+/// not a missing series.
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .expect("the bucket list is not empty")
                 .install_recorder()
-                .expect("no other metrics recorder is installed")
+                .expect("no other metrics recorder is installed");
+            for metric in METRICS {
+                metric.register();
+            }
+            handle
         })
         .clone()
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric Pulse exports: its name, type and help text, and the label sets it starts with.
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    pub help: &'static str,
+    /// Series created at start-up, at zero; a metric without labels has one, with none.
+    pub initial: &'static [&'static [(&'static str, &'static str)]],
+}
+
+const NO_LABELS: &[&[(&str, &str)]] = &[&[]];
+const LIKE_JOBS: &[&[(&str, &str)]] = &[&[("job", "likes-archive")]];
+
+impl Metric {
+    fn register(&self) {
+        let (name, help) = (self.name, self.help);
+        match self.kind {
+            MetricKind::Counter => metrics::describe_counter!(name, help),
+            MetricKind::Gauge => metrics::describe_gauge!(name, help),
+            MetricKind::Histogram => metrics::describe_histogram!(name, help),
+        }
+        for labels in self.initial {
+            let labels: Vec<metrics::Label> = labels
+                .iter()
+                .map(|(key, value)| metrics::Label::new(*key, *value))
+                .collect();
+            match self.kind {
+                MetricKind::Counter => metrics::counter!(name, labels).increment(0),
+                MetricKind::Gauge => metrics::gauge!(name, labels).increment(0.0),
+                MetricKind::Histogram => drop(metrics::histogram!(name, labels)),
+            }
+        }
+    }
+}
+
+/// Every metric Pulse exports. A test reads the source and fails on a metric missing here.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: "pulse_graphql_requests_total",
+        kind: MetricKind::Counter,
+        help: "GraphQL operations answered, by operation name (`invalid`: never executed; `other`: past the label bound) and outcome",
+        initial: &[&[("operation", "invalid"), ("outcome", "error")]],
+    },
+    Metric {
+        name: "pulse_graphql_request_duration_seconds",
+        kind: MetricKind::Histogram,
+        help: "Time to answer a GraphQL operation, by operation name and outcome",
+        initial: &[&[("operation", "invalid"), ("outcome", "error")]],
+    },
+    Metric {
+        name: "pulse_http_connections_open",
+        kind: MetricKind::Gauge,
+        help: "TCP connections open to the HTTP server",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_http_requests_in_flight",
+        kind: MetricKind::Gauge,
+        help: "HTTP requests being answered",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_websockets_open",
+        kind: MetricKind::Gauge,
+        help: "GraphQL websocket connections open",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_job_processed_total",
+        kind: MetricKind::Counter,
+        help: "Job stream entries handled and acknowledged, by job",
+        initial: LIKE_JOBS,
+    },
+    Metric {
+        name: "pulse_job_retried_total",
+        kind: MetricKind::Counter,
+        help: "Job batches retried after a transient failure, by job",
+        initial: LIKE_JOBS,
+    },
+    Metric {
+        name: "pulse_job_failed_total",
+        kind: MetricKind::Counter,
+        help: "Job entries that failed (retried later or dead-lettered), by job",
+        initial: LIKE_JOBS,
+    },
+    Metric {
+        name: "pulse_job_dead_lettered_total",
+        kind: MetricKind::Counter,
+        help: "Job entries moved to the dead letters after their last attempt, by job",
+        initial: LIKE_JOBS,
+    },
+    Metric {
+        name: "pulse_job_pending",
+        kind: MetricKind::Gauge,
+        help: "Entries delivered to a worker and not yet acknowledged, by job",
+        initial: LIKE_JOBS,
+    },
+    Metric {
+        name: "pulse_job_lag",
+        kind: MetricKind::Gauge,
+        help: "Entries in the stream not yet delivered to any worker, by job",
+        initial: LIKE_JOBS,
+    },
+    Metric {
+        name: "pulse_view_rollbacks_total",
+        kind: MetricKind::Counter,
+        help: "View shards repaired after Redis came back older than SQL",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_view_rollback_dropped_views_total",
+        kind: MetricKind::Counter,
+        help: "Views counted in Redis but dropped by a rollback repair because SQL already had them",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_article_announcements_lost_total",
+        kind: MetricKind::Counter,
+        help: "articlePublished announcements not delivered because Redis refused the publish",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_realtime_watchers",
+        kind: MetricKind::Gauge,
+        help: "Subjects this process watches for coalesced subscription snapshots, by kind",
+        initial: &[&[("kind", "article_stats")]],
+    },
+    Metric {
+        name: "pulse_realtime_snapshot_reads_total",
+        kind: MetricKind::Counter,
+        help: "Redis reads made to build coalesced subscription snapshots, by kind",
+        initial: &[&[("kind", "article_stats")]],
+    },
+    Metric {
+        name: "pulse_like_changes_total",
+        kind: MetricKind::Counter,
+        help: "Likes and unlikes that changed state, by action",
+        initial: &[&[("action", "like")], &[("action", "unlike")]],
+    },
+    Metric {
+        name: "pulse_like_sql_loads_total",
+        kind: MetricKind::Counter,
+        help: "Like relations and counters read from SQL because Redis did not hold them, by what",
+        initial: &[&[("what", "relation")], &[("what", "count")]],
+    },
+    Metric {
+        name: "pulse_like_events_archived_total",
+        kind: MetricKind::Counter,
+        help: "Like events written to the SQL archive",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_like_events_unchanged_total",
+        kind: MetricKind::Counter,
+        help: "Like events the archive already held (re-deliveries), skipped",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_featured_recomputes_total",
+        kind: MetricKind::Counter,
+        help: "Featured-comment lists recomputed from SQL under the refresh lease",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_featured_fallbacks_total",
+        kind: MetricKind::Counter,
+        help: "Featured-comment reads answered from SQL after waiting in vain for another process's recompute",
+        initial: NO_LABELS,
+    },
+];

@@ -19,7 +19,7 @@ pub fn redis_url() -> String {
     std::env::var("PULSE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
-fn unique_suffix() -> String {
+pub fn unique_suffix() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 

@@ -287,3 +287,90 @@ async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcem
         "the lost announcement was not counted: {lost_before} -> {lost_after}"
     );
 }
+
+/// The metric names written in the source: every `"pulse_…"` string literal under `src/`.
+fn metric_names_in_the_source() -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut directories = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    ))];
+    while let Some(directory) = directories.pop() {
+        for entry in std::fs::read_dir(directory).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                directories.push(path);
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).unwrap();
+            for (at, _) in source.match_indices("\"pulse_") {
+                let name: String = source[at + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_metric_is_described_and_present_from_start_up() {
+    let app = TestApp::spawn().await;
+    let catalogue: std::collections::BTreeSet<String> = pulse::telemetry::METRICS
+        .iter()
+        .map(|metric| metric.name.to_owned())
+        .collect();
+    let in_source = metric_names_in_the_source();
+    assert!(
+        in_source.len() >= 20,
+        "the source scan finds the metrics: {in_source:?}"
+    );
+    let missing: Vec<_> = in_source.difference(&catalogue).collect();
+    assert!(
+        missing.is_empty(),
+        "metrics missing from telemetry::METRICS: {missing:?}"
+    );
+
+    // No request has been made: the scrape is the first thing this server answers.
+    let scrape = app.metrics().await;
+    for metric in pulse::telemetry::METRICS {
+        let kind = match metric.kind {
+            pulse::telemetry::MetricKind::Counter => "counter",
+            pulse::telemetry::MetricKind::Gauge => "gauge",
+            pulse::telemetry::MetricKind::Histogram => "histogram",
+        };
+        assert!(
+            scrape.contains(&format!("# HELP {} ", metric.name)),
+            "no HELP for {}",
+            metric.name
+        );
+        assert!(
+            scrape.contains(&format!("# TYPE {} {kind}\n", metric.name)),
+            "no TYPE {kind} for {}",
+            metric.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let directory =
+        std::env::temp_dir().join(format!("pulse-logs-{}", crate::helpers::unique_suffix()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let database = format!("sqlite://{}/logs.db?mode=rwc", directory.display());
+    let output = crate::helpers::pulse_command()
+        .args(["--database-url", &database, "migrate"])
+        .env("RUST_LOG", "info")
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    let logs = String::from_utf8(output.stderr).unwrap();
+    assert!(logs.contains("INFO"), "the command logged: {logs}");
+    assert!(
+        !logs.contains('\u{1b}'),
+        "escape codes in piped logs: {logs:?}"
+    );
+}
