@@ -47,7 +47,23 @@ impl TrustedProxies {
         }
         client
     }
+
+    /// The end user's User-Agent: the one a trusted proxy forwards in [`FORWARDED_USER_AGENT`] (a
+    /// server that renders pages calls the API with its own HTTP library, which would count as a
+    /// crawler), else the request's own.
+    pub fn user_agent<'a>(&self, peer: SocketAddr, headers: &'a HeaderMap) -> Option<&'a str> {
+        let header = |name| headers.get(name).and_then(|value| value.to_str().ok());
+        let forwarded = if self.trusts(peer.ip()) {
+            header(FORWARDED_USER_AGENT)
+        } else {
+            None
+        };
+        forwarded.or_else(|| header(axum::http::header::USER_AGENT.as_str()))
+    }
 }
+
+/// The header a trusted proxy or rendering server puts the browser's User-Agent in.
+pub const FORWARDED_USER_AGENT: &str = "x-forwarded-user-agent";
 
 #[cfg(test)]
 mod tests {
@@ -81,6 +97,32 @@ mod tests {
         let peer: SocketAddr = "10.1.2.3:5000".parse().unwrap();
         let ip = proxies().client_ip(peer, &headers("6.6.6.6, 198.51.100.7, 10.9.9.9"));
         assert_eq!(ip, "198.51.100.7".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn only_a_trusted_proxy_forwards_a_user_agent() {
+        let mut headers = HeaderMap::new();
+        headers.insert("user-agent", "python-requests/2.31".parse().unwrap());
+        headers.insert(
+            FORWARDED_USER_AGENT,
+            "Mozilla/5.0 Firefox/120".parse().unwrap(),
+        );
+        let proxy: SocketAddr = "10.0.0.2:4000".parse().unwrap();
+        let stranger: SocketAddr = "203.0.113.9:4000".parse().unwrap();
+        let proxies = proxies();
+        assert_eq!(
+            proxies.user_agent(proxy, &headers),
+            Some("Mozilla/5.0 Firefox/120")
+        );
+        assert_eq!(
+            proxies.user_agent(stranger, &headers),
+            Some("python-requests/2.31")
+        );
+        headers.remove(FORWARDED_USER_AGENT);
+        assert_eq!(
+            proxies.user_agent(proxy, &headers),
+            Some("python-requests/2.31")
+        );
     }
 
     #[test]

@@ -83,9 +83,9 @@ fn actor(
     token: Option<&str>,
 ) -> Result<Actor, AppError> {
     let user = token.map(|token| state.tokens.verify(token)).transpose()?;
-    let user_agent = headers
-        .get(header::USER_AGENT)
-        .and_then(|value| value.to_str().ok())
+    let user_agent = state
+        .proxies
+        .user_agent(peer, headers)
         .map(|agent| agent.chars().take(512).collect());
     Ok(Actor {
         user,

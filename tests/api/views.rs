@@ -193,6 +193,46 @@ async fn crawlers_are_not_counted() {
 }
 
 #[tokio::test]
+async fn a_rendering_server_behind_a_trusted_address_forwards_the_browsers_user_agent() {
+    let app = app_behind_proxy().await;
+    let article = publish_one(&app).await;
+    let body = json!({ "query": RECORD, "variables": { "a": article } }).to_string();
+    let rendered = [
+        ("x-forwarded-for", "198.51.100.30"),
+        ("user-agent", "node-fetch/3.3"),
+        ("x-forwarded-user-agent", BROWSER),
+    ];
+    let response = app.post_with_headers(body.clone(), None, &rendered).await.1;
+    assert_eq!(
+        response["data"]["recordView"]["counted"], true,
+        "{response}"
+    );
+
+    // Without the forwarded header, the server's own HTTP library is what asks: a crawler.
+    let unforwarded = [
+        ("x-forwarded-for", "198.51.100.31"),
+        ("user-agent", "node-fetch/3.3"),
+    ];
+    let response = app
+        .post_with_headers(body.clone(), None, &unforwarded)
+        .await
+        .1;
+    assert_eq!(response["data"]["recordView"]["skipReason"], "CRAWLER");
+
+    // From an address that is not a trusted proxy the header is the client's own word: ignored.
+    let untrusted = TestApp::spawn().await;
+    let article = publish_one(&untrusted).await;
+    let body = json!({ "query": RECORD, "variables": { "a": article } }).to_string();
+    let claimed = [
+        ("user-agent", "curl/8.5.0"),
+        ("x-forwarded-user-agent", BROWSER),
+    ];
+    let response = untrusted.post_with_headers(body, None, &claimed).await.1;
+    assert_eq!(response["data"]["recordView"]["skipReason"], "CRAWLER");
+    assert_eq!(view_count(&untrusted, &article).await, 0);
+}
+
+#[tokio::test]
 async fn extra_crawler_patterns_come_from_the_config_file() {
     let patterns =
         std::env::temp_dir().join(format!("pulse-crawlers-{}.txt", rand::random::<u32>()));
