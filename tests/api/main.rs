@@ -16,3 +16,4 @@ mod rollback;
 mod sql_input;
 mod subscriptions;
 mod views;
+mod votes;
