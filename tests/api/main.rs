@@ -17,3 +17,4 @@ mod sql_input;
 mod subscriptions;
 mod views;
 mod votes;
+mod votes_limits;
