@@ -18,3 +18,4 @@ mod subscriptions;
 mod views;
 mod votes;
 mod votes_limits;
+mod votes_reads;
