@@ -19,3 +19,4 @@ mod views;
 mod votes;
 mod votes_limits;
 mod votes_reads;
+mod votes_rebuild;
