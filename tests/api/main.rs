@@ -18,5 +18,6 @@ mod subscriptions;
 mod views;
 mod votes;
 mod votes_limits;
+mod votes_live;
 mod votes_reads;
 mod votes_rebuild;
