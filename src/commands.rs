@@ -27,6 +27,9 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         Command::Rebuild {
             target: RebuildTarget::Likes,
         } => rebuild_likes(&backends).await,
+        Command::Rebuild {
+            target: RebuildTarget::Votes,
+        } => rebuild_votes(&backends, config.vote_bucket_retention).await,
         Command::Serve | Command::PrintSchema => unreachable!("handled by main"),
     };
     backends.close().await;
@@ -78,6 +81,16 @@ async fn rebuild_likes(backends: &Backends) -> anyhow::Result<()> {
     println!(
         "rebuilt the like counts of {} articles and comments and the all-time like ranking; dropped {} cached relations",
         rebuilt.subjects, rebuilt.relations_dropped
+    );
+    Ok(())
+}
+
+async fn rebuild_votes(backends: &Backends, retention: std::time::Duration) -> anyhow::Result<()> {
+    let rebuilt =
+        crate::votes::rebuild::rebuild_all(&backends.db, &backends.redis, retention).await?;
+    println!(
+        "rebuilt the boards and participant counts of {} polls from {} logged votes",
+        rebuilt.polls, rebuilt.votes
     );
     Ok(())
 }

@@ -63,6 +63,9 @@ pub enum RebuildTarget {
     /// Like counts and the all-time like ranking from SQL plus the changes not archived yet; the
     /// relation cache is dropped, to be read again from SQL as needed.
     Likes,
+    /// Every poll's boards, participant counts, vote sequence and closed flag, from the SQL vote
+    /// log and the poll configuration.
+    Votes,
 }
 
 #[derive(Debug, Subcommand)]
@@ -280,6 +283,16 @@ pub struct Config {
     /// How long in-flight requests may take to finish after a shutdown signal.
     #[arg(long, global = true, env = "PULSE_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// How long a past period's vote boards (hour, day, week, month) stay queryable with `at:`
+    /// after the period ends; the SQL vote log keeps every vote regardless.
+    #[arg(long, global = true, env = "PULSE_VOTE_BUCKET_RETENTION", default_value = "400d", value_parser = humantime::parse_duration)]
+    pub vote_bucket_retention: Duration,
+
+    /// How often, at most, a watched leaderboard is read and pushed to its `leaderboardChanged`
+    /// subscribers (per board per process, however many subscribers and votes).
+    #[arg(long, global = true, env = "PULSE_LEADERBOARD_TICK", default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub leaderboard_tick: Duration,
 }
 
 impl Config {

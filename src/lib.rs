@@ -21,6 +21,7 @@ pub mod services;
 pub mod telemetry;
 pub mod text;
 pub mod views;
+pub mod votes;
 
 pub use app::App;
 pub use config::Config;

@@ -23,6 +23,8 @@ use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::views::crawler::CrawlerDetector;
 use crate::views::{ViewFlusher, ViewService};
+use crate::votes::live::LiveWorkers;
+use crate::votes::{LiveBoards, PollAdmin, PollConfigs, VoteArchiver, VoteService};
 
 /// What the services are built from: the backends, and the token signer every session check needs.
 pub struct Inputs<'a> {
@@ -49,6 +51,9 @@ pub struct Services {
     pub comments: CommentService,
     pub featured: FeaturedComments,
     pub stats: ArticleStatsService,
+    pub votes: VoteService,
+    pub polls: PollAdmin,
+    pub live_boards: LiveBoards,
 }
 
 impl Services {
@@ -94,7 +99,27 @@ impl Services {
                 tick: config.stats_tick,
             },
         );
+        let poll_configs = PollConfigs::new(db.clone(), redis.clone());
+        poll_configs.start_invalidation(hub, workers.tasks, workers.shutdown);
+        let votes = VoteService::new(
+            redis.clone(),
+            poll_configs.clone(),
+            config.vote_bucket_retention,
+        );
+        let polls = PollAdmin::new(db.clone(), redis.clone(), accounts.clone(), poll_configs);
+        let live_boards = LiveBoards::new(
+            votes.clone(),
+            LiveWorkers {
+                hub,
+                tasks: workers.tasks,
+                shutdown: workers.shutdown,
+                tick: config.leaderboard_tick,
+            },
+        );
         let services = Self {
+            votes,
+            polls,
+            live_boards,
             accounts,
             articles,
             views,
@@ -117,12 +142,15 @@ impl Services {
                 .run(config.view_flush_interval, shutdown),
         );
         if config.run_jobs {
-            let jobs: Vec<Arc<dyn Job>> = vec![Arc::new(LikeArchiver::new(
-                db.clone(),
-                redis.clone(),
-                config.like_relation_ttl,
-                config.timezone,
-            ))];
+            let jobs: Vec<Arc<dyn Job>> = vec![
+                Arc::new(LikeArchiver::new(
+                    db.clone(),
+                    redis.clone(),
+                    config.like_relation_ttl,
+                    config.timezone,
+                )),
+                Arc::new(VoteArchiver::new(db.clone())),
+            ];
             JobRuntime::new(redis.clone(), job_settings(config)).start(
                 jobs,
                 workers.tasks,

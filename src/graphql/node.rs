@@ -5,6 +5,7 @@ use crate::accounts::graphql::{User, load_user};
 use crate::articles::graphql::{Article, load_article};
 use crate::error::GqlResultExt;
 use crate::likes::graphql::{Comment, load_comment};
+use crate::votes::graphql::{Poll, PollOption, load_poll, load_poll_option};
 
 /// The types a global id can name: one variant per type in [`Node`], and its name in the id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +13,8 @@ pub enum NodeType {
     User,
     Article,
     Comment,
+    Poll,
+    PollOption,
 }
 
 impl NodeType {
@@ -20,6 +23,8 @@ impl NodeType {
             Self::User => "User",
             Self::Article => "Article",
             Self::Comment => "Comment",
+            Self::Poll => "Poll",
+            Self::PollOption => "PollOption",
         }
     }
 
@@ -28,6 +33,8 @@ impl NodeType {
             "User" => Some(Self::User),
             "Article" => Some(Self::Article),
             "Comment" => Some(Self::Comment),
+            "Poll" => Some(Self::Poll),
+            "PollOption" => Some(Self::PollOption),
             _ => None,
         }
     }
@@ -40,6 +47,8 @@ pub enum Node {
     User(User),
     Article(Article),
     Comment(Comment),
+    Poll(Poll),
+    PollOption(PollOption),
 }
 
 #[derive(Default)]
@@ -53,6 +62,8 @@ impl NodeQuery {
             (NodeType::User, id) => load_user(ctx, id).await?.map(Node::User),
             (NodeType::Article, id) => load_article(ctx, id).await?.map(Node::Article),
             (NodeType::Comment, id) => load_comment(ctx, id).await?.map(Node::Comment),
+            (NodeType::Poll, id) => load_poll(ctx, id).await?.map(Node::Poll),
+            (NodeType::PollOption, id) => load_poll_option(ctx, id).await?.map(Node::PollOption),
         })
     }
 }

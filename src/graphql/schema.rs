@@ -12,9 +12,16 @@ use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscrip
 use crate::likes::graphql::{LikesMutation, LikesSubscription};
 use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
+use crate::votes::graphql::{VotesMutation, VotesQuery, VotesSubscription};
 
 #[derive(MergedObject, Default)]
-pub struct Query(NodeQuery, AccountsQuery, ArticlesQuery, ViewsQuery);
+pub struct Query(
+    NodeQuery,
+    AccountsQuery,
+    ArticlesQuery,
+    ViewsQuery,
+    VotesQuery,
+);
 
 #[derive(MergedObject, Default)]
 pub struct Mutation(
@@ -22,10 +29,11 @@ pub struct Mutation(
     ArticlesMutation,
     ViewsMutation,
     LikesMutation,
+    VotesMutation,
 );
 
 #[derive(MergedSubscription, Default)]
-pub struct Subscription(ArticlesSubscription, LikesSubscription);
+pub struct Subscription(ArticlesSubscription, LikesSubscription, VotesSubscription);
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 

@@ -26,6 +26,8 @@ pub struct Scripts {
     pub like_settle: Script,
     /// An article's featured comments replaced under its lease: see `lua/featured_store.lua`.
     pub featured_store: Script,
+    /// One voter's ballots in one poll, all or nothing each: see `lua/vote_cast.lua`.
+    pub vote_cast: Script,
 }
 
 impl Scripts {
@@ -41,10 +43,11 @@ impl Scripts {
             like_set: Script::new(include_str!("../../lua/like_set.lua")),
             like_settle: Script::new(include_str!("../../lua/like_settle.lua")),
             featured_store: Script::new(include_str!("../../lua/featured_store.lua")),
+            vote_cast: Script::new(include_str!("../../lua/vote_cast.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 10] {
+    fn all(&self) -> [&Script; 11] {
         [
             &self.rate_limit,
             &self.record_view,
@@ -56,6 +59,7 @@ impl Scripts {
             &self.like_set,
             &self.like_settle,
             &self.featured_store,
+            &self.vote_cast,
         ]
     }
 

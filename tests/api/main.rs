@@ -18,3 +18,8 @@ mod rollback;
 mod sql_input;
 mod subscriptions;
 mod views;
+mod votes;
+mod votes_limits;
+mod votes_live;
+mod votes_reads;
+mod votes_rebuild;

@@ -1,0 +1,253 @@
+//! `leaderboardChanged`: a snapshot at once, then coalesced updates; votes through any process
+//! reach subscribers on every process; under a thousand votes a second and 200 subscribers a
+//! process reads the board once per tick; an unchanged visible top sends nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures_util::future::join_all;
+use pulse::graphql::ids::NodeType;
+use pulse::votes::service::{Ballot, Origin};
+use serde_json::{Value, json};
+
+use crate::helpers::TestApp;
+use crate::likes::users;
+use crate::subscriptions::{Socket, connect, next_message, send};
+use crate::votes::{admin, create_poll, row, voter};
+
+const LIVE: &str = "subscription($p: ID!, $first: Int) {
+  leaderboardChanged(pollId: $p, period: ALL_TIME, board: DISPLAY, first: $first) {
+    version totalOptions entries { option { label } rank score } } }";
+
+/// A dashboard subscribed to the poll's ALL_TIME DISPLAY top `first`, with its first snapshot.
+async fn dashboard(app: &TestApp, poll: &str, first: i32) -> (Socket, Value) {
+    let mut socket = connect(app, "graphql-transport-ws", json!({})).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe",
+            "payload": { "query": LIVE, "variables": { "p": poll, "first": first } } }),
+    )
+    .await;
+    let first_snapshot = snapshot(&mut socket).await;
+    (socket, first_snapshot)
+}
+
+async fn snapshot(socket: &mut Socket) -> Value {
+    let message = next_message(socket).await.expect("the socket stays open");
+    assert_eq!(message["type"], "next", "{message}");
+    message["payload"]["data"]["leaderboardChanged"].clone()
+}
+
+/// Waits until `app` has subscribed to the poll's votes channel in Redis.
+async fn listening(app: &TestApp, poll: i64) {
+    let channel = app.state.redis.keys.poll(poll).votes_channel();
+    let mut conn = app.state.redis.conn.clone();
+    for _ in 0..200 {
+        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if counts[0].1 > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no process subscribed to {channel}");
+}
+
+fn version(snapshot: &Value) -> i64 {
+    snapshot["version"].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_dashboard_on_one_process_sees_votes_cast_through_another() {
+    let a = TestApp::spawn().await;
+    let b = TestApp::start(a.config.clone()).await;
+    let token = admin(&a).await;
+    let (poll, _) = create_poll(
+        &a,
+        &token,
+        json!({ "title": "Live", "options": [{ "label": "A", "bonus": 2 }, { "label": "B" }] }),
+    )
+    .await;
+    let (mut socket, first) = dashboard(&a, &poll, 10).await;
+    assert_eq!(first["totalOptions"], 2);
+    assert_eq!(first["entries"][0]["score"], 0.0);
+    listening(&a, row(&poll, NodeType::Poll)).await;
+
+    let voters = users(&b, 1).await;
+    let cast = "mutation($p: ID!, $o: ID!) { castVotes(input: { ballots: [{ pollId: $p, optionId: $o }] }) { results { accepted } } }";
+    let options = b
+        .graphql(
+            "query($p: ID!) { poll(id: $p) { options { id } } }",
+            json!({ "p": poll }),
+        )
+        .await;
+    let option_a = options["data"]["poll"]["options"][0]["id"].clone();
+    let response = b
+        .graphql_as(
+            Some(&voters[0].1),
+            cast,
+            json!({ "p": poll, "o": option_a }),
+        )
+        .await;
+    assert_eq!(
+        response["data"]["castVotes"]["results"][0]["accepted"],
+        true
+    );
+    let update = snapshot(&mut socket).await;
+    assert_eq!(
+        update["entries"][0],
+        json!({ "option": { "label": "A" }, "rank": 1, "score": 2.0 })
+    );
+    assert!(version(&update) > version(&first), "{update} after {first}");
+}
+
+#[tokio::test]
+async fn a_thousand_votes_a_second_and_200_subscribers_cost_one_board_read_per_tick() {
+    let tick = Duration::from_millis(250);
+    let app = Arc::new(TestApp::spawn_with(|config| config.leaderboard_tick = tick).await);
+    let token = admin(&app).await;
+    let (poll, options) = create_poll(
+        &app,
+        &token,
+        json!({ "title": "Busy", "options": [{ "label": "A" }, { "label": "B" }, { "label": "C" }] }),
+    )
+    .await;
+    let poll_row = row(&poll, NodeType::Poll);
+    let option_rows: Vec<i64> = options
+        .iter()
+        .map(|o| row(o, NodeType::PollOption))
+        .collect();
+    let dashboards = join_all((0..200).map(|_| dashboard(&app, &poll, 3))).await;
+    listening(&app, poll_row).await;
+    let (user, _) = users(&app, 1).await.remove(0);
+
+    let votes = &app.state.services.votes;
+    let reads_before = votes.board_reads();
+    let started = tokio::time::Instant::now();
+    let mut sent = 0;
+    let mut casts = Vec::new();
+    let mut pace = tokio::time::interval(Duration::from_millis(10));
+    // 3 s at 10 ballots every 10 ms: 1,000 votes a second, each cast without waiting for the last.
+    while started.elapsed() < Duration::from_secs(3) {
+        pace.tick().await;
+        for index in 0..10 {
+            let ballot = Ballot {
+                poll: poll_row,
+                option: option_rows[(sent + index) % 3],
+            };
+            let app = app.clone();
+            casts.push(tokio::spawn(async move {
+                app.state
+                    .services
+                    .votes
+                    .cast(&voter(user), &[ballot], &Origin::default(), Utc::now())
+                    .await
+                    .unwrap()
+            }));
+        }
+        sent += 10;
+    }
+    for cast in join_all(casts).await {
+        assert!(cast.unwrap()[0].rejection.is_none());
+    }
+    let elapsed = started.elapsed();
+    // The last votes are read within a tick or two.
+    tokio::time::sleep(tick * 3).await;
+    let reads = votes.board_reads() - reads_before;
+    let ticks = (elapsed + tick * 3).as_millis() / tick.as_millis();
+    assert!(sent >= 2_700, "only {sent} votes were cast");
+    assert!(
+        (ticks as u64 / 2..=ticks as u64 + 2).contains(&reads),
+        "{reads} board reads in {ticks} ticks for {sent} votes"
+    );
+
+    // Every dashboard ends on the final board, with versions that only grew.
+    let finals = join_all(
+        dashboards
+            .into_iter()
+            .map(|(mut socket, first)| async move {
+                let mut last = first;
+                loop {
+                    let total: f64 = last["entries"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|entry| entry["score"].as_f64().unwrap())
+                        .sum();
+                    if total as usize == sent {
+                        return last;
+                    }
+                    let next = snapshot(&mut socket).await;
+                    assert!(version(&next) > version(&last), "{next} after {last}");
+                    last = next;
+                }
+            }),
+    )
+    .await;
+    assert_eq!(finals.len(), 200);
+}
+
+#[tokio::test]
+async fn nothing_is_sent_while_the_visible_top_stays_the_same() {
+    let tick = Duration::from_millis(50);
+    let app = TestApp::spawn_with(|config| config.leaderboard_tick = tick).await;
+    let token = admin(&app).await;
+    let (poll, options) = create_poll(
+        &app,
+        &token,
+        json!({ "title": "Quiet top", "options": [{ "label": "Leader", "initialVotes": 100 },
+            { "label": "Second" }, { "label": "Third" }] }),
+    )
+    .await;
+    let poll_row = row(&poll, NodeType::Poll);
+    let (mut socket, first) = dashboard(&app, &poll, 1).await;
+    assert_eq!(first["entries"][0]["option"]["label"], "Leader");
+    listening(&app, poll_row).await;
+    let (user, _) = users(&app, 1).await.remove(0);
+    let reads_before = app.state.services.votes.board_reads();
+    for _ in 0..5 {
+        let ballot = Ballot {
+            poll: poll_row,
+            option: row(&options[2], NodeType::PollOption),
+        };
+        app.state
+            .services
+            .votes
+            .cast(&voter(user), &[ballot], &Origin::default(), Utc::now())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(tick * 6).await;
+    assert!(
+        app.state.services.votes.board_reads() > reads_before,
+        "the votes were never read"
+    );
+    let quiet = tokio::time::timeout(tick * 4, futures_util::StreamExt::next(&mut socket)).await;
+    assert!(
+        quiet.is_err(),
+        "a snapshot was sent for an unchanged top: {quiet:?}"
+    );
+
+    let ballot = Ballot {
+        poll: poll_row,
+        option: row(&options[0], NodeType::PollOption),
+    };
+    app.state
+        .services
+        .votes
+        .cast(&voter(user), &[ballot], &Origin::default(), Utc::now())
+        .await
+        .unwrap();
+    let moved = snapshot(&mut socket).await;
+    assert_eq!(moved["entries"][0]["score"], 101.0);
+    assert!(version(&moved) > version(&first));
+}
