@@ -8,12 +8,20 @@ use super::node::NodeQuery;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
+use crate::feed::graphql::{FeedQuery, FeedSubscription};
+use crate::follows::graphql::FollowsMutation;
 use crate::likes::graphql::{LikesMutation, LikesSubscription};
 use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
 
 #[derive(MergedObject, Default)]
-pub struct Query(NodeQuery, AccountsQuery, ArticlesQuery, ViewsQuery);
+pub struct Query(
+    NodeQuery,
+    AccountsQuery,
+    ArticlesQuery,
+    ViewsQuery,
+    FeedQuery,
+);
 
 #[derive(MergedObject, Default)]
 pub struct Mutation(
@@ -21,10 +29,11 @@ pub struct Mutation(
     ArticlesMutation,
     ViewsMutation,
     LikesMutation,
+    FollowsMutation,
 );
 
 #[derive(MergedSubscription, Default)]
-pub struct Subscription(ArticlesSubscription, LikesSubscription);
+pub struct Subscription(ArticlesSubscription, LikesSubscription, FeedSubscription);
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 

@@ -4,6 +4,8 @@ mod accounts;
 mod articles;
 mod connections;
 mod crash;
+mod feed;
+mod follows;
 mod helpers;
 mod jobs;
 mod likes;
