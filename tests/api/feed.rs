@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pulse::entities::{follow_counts, follows, users};
 use pulse::graphql::ids::{self, NodeType};
-use sea_orm::{ActiveValue::Set, EntityTrait};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, article_row, error_code};
@@ -27,19 +27,18 @@ pub(crate) async fn users(app: &TestApp, prefix: &str, n: usize) -> Vec<i64> {
             .await
             .unwrap();
     }
-    let mut ids = Vec::with_capacity(n);
-    for i in 0..n {
-        let handle = format!("{prefix}{i}");
-        let user = pulse::accounts::service::find_by_handle(
-            &app.state.db,
-            &pulse::accounts::service::Handle::parse(&handle).unwrap(),
-        )
+    let rows: Vec<(i64, String)> = users::Entity::find()
+        .select_only()
+        .column(users::Column::Id)
+        .column(users::Column::Handle)
+        .filter(users::Column::Handle.starts_with(prefix))
+        .into_tuple()
+        .all(&app.state.db)
         .await
-        .unwrap()
         .unwrap();
-        ids.push(user.id);
-    }
-    ids
+    let by_handle: std::collections::HashMap<String, i64> =
+        rows.into_iter().map(|(id, handle)| (handle, id)).collect();
+    (0..n).map(|i| by_handle[&format!("{prefix}{i}")]).collect()
 }
 
 pub(crate) fn token(app: &TestApp, user: i64) -> String {

@@ -5,6 +5,8 @@ mod articles;
 mod connections;
 mod crash;
 mod feed;
+mod feed_fanout;
+mod feed_live;
 mod follows;
 mod helpers;
 mod jobs;
