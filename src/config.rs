@@ -293,6 +293,39 @@ pub struct Config {
     /// subscribers (per board per process, however many subscribers and votes).
     #[arg(long, global = true, env = "PULSE_LEADERBOARD_TICK", default_value = "250ms", value_parser = humantime::parse_duration)]
     pub leaderboard_tick: Duration,
+    /// Most items a feed inbox (and an author's outbox) keeps; trimmed on every write. Reads past
+    /// it continue from SQL.
+    #[arg(long, global = true, env = "PULSE_FEED_CAP", default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub feed_cap: u32,
+
+    /// How long an unread inbox lives; every read restarts it. An expired inbox is rebuilt on the
+    /// next read, and only users with an inbox get fan-out writes.
+    #[arg(long, global = true, env = "PULSE_FEED_INBOX_TTL", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub feed_inbox_ttl: Duration,
+
+    /// Followers per fan-out job: a publish is split into chunks of this many followers, handled
+    /// by any process's workers.
+    #[arg(long, global = true, env = "PULSE_FEED_FANOUT_CHUNK", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub feed_fanout_chunk: u32,
+
+    /// Authors with at least this many followers are not fanned out: their followers' feeds merge
+    /// their recent articles at read time.
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_FEED_CELEBRITY_FOLLOWERS",
+        default_value_t = 10_000
+    )]
+    pub feed_celebrity_followers: u64,
+
+    /// Most of a followee's recent articles a `follow` adds to the follower's inbox.
+    #[arg(long, global = true, env = "PULSE_FEED_FOLLOW_BACKFILL", default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub feed_follow_backfill: u32,
+
+    /// How often the publish outbox in SQL is checked for articles not yet relayed to the fan-out
+    /// stream (published while Redis was unreachable).
+    #[arg(long, global = true, env = "PULSE_FEED_RELAY_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub feed_relay_interval: Duration,
 }
 
 impl Config {

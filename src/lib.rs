@@ -10,6 +10,8 @@ pub mod config;
 pub mod db;
 pub mod entities;
 pub mod error;
+pub mod feed;
+pub mod follows;
 pub mod graphql;
 pub mod http;
 pub mod jobs;

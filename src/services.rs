@@ -15,6 +15,9 @@ use tokio_util::task::TaskTracker;
 use crate::accounts::{AccountService, TokenSigner};
 use crate::articles::ArticleService;
 use crate::config::Config;
+use crate::feed::publications::Relay;
+use crate::feed::{FeedService, FeedSettings, FeedStore};
+use crate::follows::FollowService;
 use crate::jobs::{Job, JobRuntime, JobSettings};
 use crate::likes::featured::FeaturedComments;
 use crate::likes::stats::{ArticleStatsService, StatsWorkers};
@@ -54,6 +57,8 @@ pub struct Services {
     pub votes: VoteService,
     pub polls: PollAdmin,
     pub live_boards: LiveBoards,
+    pub follows: FollowService,
+    pub feed: FeedService,
 }
 
 impl Services {
@@ -73,7 +78,17 @@ impl Services {
             config.auth_attempts_per_minute,
         );
         let comments = CommentService::new(db.clone(), redis.clone(), accounts.clone());
-        let articles = ArticleService::new(db.clone(), redis.clone(), hub.clone());
+        let feed_store =
+            FeedStore::new(db.clone(), redis.clone(), FeedSettings::from_config(config));
+        let relay = Relay::new(feed_store.clone());
+        let articles = ArticleService::new(db.clone(), redis.clone(), hub.clone(), relay.clone());
+        let follows = FollowService::new(db.clone());
+        let feed = FeedService::new(
+            feed_store.clone(),
+            follows.clone(),
+            tokens.clone(),
+            hub.clone(),
+        );
         let views = ViewService::new(
             db.clone(),
             redis.clone(),
@@ -131,6 +146,8 @@ impl Services {
                 config.featured_refresh,
             ),
             comments,
+            follows,
+            feed,
         };
         services
             .accounts
@@ -150,7 +167,13 @@ impl Services {
                     config.timezone,
                 )),
                 Arc::new(VoteArchiver::new(db.clone())),
+                Arc::new(crate::feed::dispatch::Dispatcher(feed_store.clone())),
+                Arc::new(crate::feed::fanout::Fanout(feed_store.clone())),
+                Arc::new(crate::feed::follow_sync::FollowSync(feed_store)),
             ];
+            workers
+                .tasks
+                .spawn(relay.run(config.feed_relay_interval, workers.shutdown.clone()));
             JobRuntime::new(redis.clone(), job_settings(config)).start(
                 jobs,
                 workers.tasks,

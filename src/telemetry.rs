@@ -66,7 +66,14 @@ pub struct Metric {
 }
 
 const NO_LABELS: &[&[(&str, &str)]] = &[&[]];
-const LIKE_JOBS: &[&[(&str, &str)]] = &[&[("job", "likes-archive")]];
+/// The jobs of `jobs::REGISTRY`; a test checks that the two lists agree.
+pub const JOB_LABELS: &[&[(&str, &str)]] = &[
+    &[("job", "likes-archive")],
+    &[("job", "votes-archive")],
+    &[("job", "feed-dispatch")],
+    &[("job", "feed-fanout")],
+    &[("job", "feed-follows")],
+];
 
 impl Metric {
     fn register(&self) {
@@ -126,37 +133,37 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_job_processed_total",
         kind: MetricKind::Counter,
         help: "Job stream entries handled and acknowledged, by job",
-        initial: LIKE_JOBS,
+        initial: JOB_LABELS,
     },
     Metric {
         name: "pulse_job_retried_total",
         kind: MetricKind::Counter,
         help: "Job batches retried after a transient failure, by job",
-        initial: LIKE_JOBS,
+        initial: JOB_LABELS,
     },
     Metric {
         name: "pulse_job_failed_total",
         kind: MetricKind::Counter,
         help: "Job entries that failed (retried later or dead-lettered), by job",
-        initial: LIKE_JOBS,
+        initial: JOB_LABELS,
     },
     Metric {
         name: "pulse_job_dead_lettered_total",
         kind: MetricKind::Counter,
         help: "Job entries moved to the dead letters after their last attempt, by job",
-        initial: LIKE_JOBS,
+        initial: JOB_LABELS,
     },
     Metric {
         name: "pulse_job_pending",
         kind: MetricKind::Gauge,
         help: "Entries delivered to a worker and not yet acknowledged, by job",
-        initial: LIKE_JOBS,
+        initial: JOB_LABELS,
     },
     Metric {
         name: "pulse_job_lag",
         kind: MetricKind::Gauge,
         help: "Entries in the stream not yet delivered to any worker, by job",
-        initial: LIKE_JOBS,
+        initial: JOB_LABELS,
     },
     Metric {
         name: "pulse_view_rollbacks_total",
@@ -180,13 +187,13 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_realtime_watchers",
         kind: MetricKind::Gauge,
         help: "Subjects this process watches for coalesced subscription snapshots, by kind",
-        initial: &[&[("kind", "article_stats")]],
+        initial: &[&[("kind", "article_stats")], &[("kind", "leaderboard")]],
     },
     Metric {
         name: "pulse_realtime_snapshot_reads_total",
         kind: MetricKind::Counter,
         help: "Redis reads made to build coalesced subscription snapshots, by kind",
-        initial: &[&[("kind", "article_stats")]],
+        initial: &[&[("kind", "article_stats")], &[("kind", "leaderboard")]],
     },
     Metric {
         name: "pulse_like_changes_total",
@@ -222,6 +229,72 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_featured_fallbacks_total",
         kind: MetricKind::Counter,
         help: "Featured-comment reads answered from SQL after waiting in vain for another process's recompute",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_votes_total",
+        kind: MetricKind::Counter,
+        help: "Ballots cast, by outcome (accepted, or rate_limited by a poll's rules)",
+        initial: &[&[("outcome", "accepted")], &[("outcome", "rate_limited")]],
+    },
+    Metric {
+        name: "pulse_votes_archived_total",
+        kind: MetricKind::Counter,
+        help: "Vote events written to the SQL vote log",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_vote_board_reads_total",
+        kind: MetricKind::Counter,
+        help: "Leaderboard boards read from Redis (reads, standings and live snapshots)",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_inbox_writes_total",
+        kind: MetricKind::Counter,
+        help: "Articles added to followers' inboxes by fan-out (active inboxes only)",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_announcements_total",
+        kind: MetricKind::Counter,
+        help: "feedItemAdded announcements published for online followers",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_fanout_chunks_total",
+        kind: MetricKind::Counter,
+        help: "Fan-out jobs queued, one per chunk of followers",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_celebrity_publishes_total",
+        kind: MetricKind::Counter,
+        help: "Articles by authors over the celebrity threshold, merged at read time instead of fanned out",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_relayed_total",
+        kind: MetricKind::Counter,
+        help: "Publications relayed from the SQL outbox to the fan-out stream",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_relay_deferred_total",
+        kind: MetricKind::Counter,
+        help: "Publications Redis could not take at once, left to the relay loop",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_rebuilds_total",
+        kind: MetricKind::Counter,
+        help: "Missing inboxes rebuilt by pull from the followees' outboxes",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_sql_reads_total",
+        kind: MetricKind::Counter,
+        help: "Feed pages read from SQL (past the cached window, or while an inbox is rebuilt)",
         initial: NO_LABELS,
     },
 ];

@@ -9,6 +9,7 @@ mod m20261122_000004_view_flush_sequences;
 mod m20261122_000005_widen_text_columns;
 mod m20261123_000006_comments_and_likes;
 mod m20261125_000007_polls_and_votes;
+mod m20261125_000010_follows_and_feed;
 
 pub struct Migrator;
 
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000005_widen_text_columns::Migration),
             Box::new(m20261123_000006_comments_and_likes::Migration),
             Box::new(m20261125_000007_polls_and_votes::Migration),
+            Box::new(m20261125_000010_follows_and_feed::Migration),
         ]
     }
 }

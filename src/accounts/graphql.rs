@@ -46,6 +46,41 @@ impl User {
         (self.own_session || actor(ctx).user == Some(self.row.id)).then_some(self.row.is_admin)
     }
 
+    async fn follower_count(&self, ctx: &Context<'_>) -> async_graphql::Result<i64> {
+        crate::follows::graphql::follower_count(ctx, self.row.id).await
+    }
+
+    async fn following_count(&self, ctx: &Context<'_>) -> async_graphql::Result<i64> {
+        crate::follows::graphql::following_count(ctx, self.row.id).await
+    }
+
+    /// Whether the signed-in viewer follows this user; false when anonymous.
+    async fn viewer_follows(&self, ctx: &Context<'_>) -> async_graphql::Result<bool> {
+        crate::follows::graphql::viewer_follows(ctx, self.row.id).await
+    }
+
+    /// This user's followers, newest follow first.
+    #[graphql(complexity = "connection_complexity(child_complexity, first)")]
+    async fn followers(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: Option<i32>,
+        after: Option<String>,
+    ) -> async_graphql::Result<crate::follows::graphql::UserConnection> {
+        crate::follows::graphql::followers(ctx, self.row.id, first, after).await
+    }
+
+    /// The users this user follows, newest follow first.
+    #[graphql(complexity = "connection_complexity(child_complexity, first)")]
+    async fn following(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: Option<i32>,
+        after: Option<String>,
+    ) -> async_graphql::Result<crate::follows::graphql::UserConnection> {
+        crate::follows::graphql::following(ctx, self.row.id, first, after).await
+    }
+
     /// This user's articles, newest first.
     #[graphql(complexity = "connection_complexity(child_complexity, first)")]
     async fn articles(

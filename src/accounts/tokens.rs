@@ -19,6 +19,8 @@ struct Claims {
 }
 
 pub struct TokenSigner {
+    /// The secret, kept for [`TokenSigner::tag`].
+    secret: Vec<u8>,
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
@@ -36,11 +38,26 @@ impl TokenSigner {
         validation.leeway = 5;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Ok(Self {
+            secret: bytes.to_vec(),
             encoding: EncodingKey::from_secret(bytes),
             decoding: DecodingKey::from_secret(bytes),
             validation,
             ttl,
         })
+    }
+
+    /// A keyed 62-bit tag of `message` (HMAC-SHA256 under the token secret): what other opaque
+    /// values the server hands out (feed cursors) carry, so a client can neither forge one nor
+    /// use another user's.
+    pub fn tag(&self, message: &[u8]) -> i64 {
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.secret)
+            .expect("HMAC takes a key of any length");
+        mac.update(message);
+        let digest = mac.finalize().into_bytes();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        (u64::from_be_bytes(first) >> 2) as i64
     }
 
     pub fn issue(&self, user_id: i64) -> AppResult<String> {

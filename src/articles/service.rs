@@ -1,13 +1,14 @@
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, SqlErr,
+    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
+    EntityTrait, QueryFilter, QueryOrder, QuerySelect, SqlErr, TransactionTrait,
 };
 
 use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
+use crate::feed::publications::Relay;
 use crate::pagination::{Page, PageRequest, Position, Walk};
 use crate::realtime::{Hub, HubSubscription};
 use crate::redis::Redis;
@@ -52,7 +53,7 @@ fn parse_body(raw: &str) -> AppResult<String> {
 /// Validates and stores a new article (without announcing it). Shared by `publishArticle` and the
 /// demo seed.
 pub async fn insert_article(
-    db: &DatabaseConnection,
+    db: &impl ConnectionTrait,
     author_id: i64,
     title: &str,
     body: &str,
@@ -91,11 +92,17 @@ pub struct ArticleService {
     db: DatabaseConnection,
     redis: Redis,
     hub: Hub,
+    feed_relay: Relay,
 }
 
 impl ArticleService {
-    pub fn new(db: DatabaseConnection, redis: Redis, hub: Hub) -> Self {
-        Self { db, redis, hub }
+    pub fn new(db: DatabaseConnection, redis: Redis, hub: Hub, feed_relay: Relay) -> Self {
+        Self {
+            db,
+            redis,
+            hub,
+            feed_relay,
+        }
     }
 
     /// Publishes as the signed-in actor.
@@ -107,7 +114,13 @@ impl ArticleService {
         body: &str,
     ) -> AppResult<articles::Model> {
         let author_id = actor.require_user()?;
-        let article = insert_article(&self.db, author_id, title, body).await?;
+        // The feed's fan-out event commits with the article (an outbox), so a publish while Redis
+        // is unreachable still reaches feeds once it is back.
+        let txn = self.db.begin().await?;
+        let article = insert_article(&txn, author_id, title, body).await?;
+        let publication = crate::feed::publications::record(&txn, &article).await?;
+        txn.commit().await?;
+        self.feed_relay.relay_now(&publication).await;
         self.announce(&article).await;
         Ok(article)
     }

@@ -3,6 +3,9 @@
 
 pub mod articles;
 pub mod comments;
+pub mod feed_publications;
+pub mod follow_counts;
+pub mod follows;
 pub mod like_archive_shards;
 pub mod like_events;
 pub mod likes;

@@ -9,6 +9,8 @@ use super::order::SchemaTypes;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
+use crate::feed::graphql::{FeedQuery, FeedSubscription};
+use crate::follows::graphql::FollowsMutation;
 use crate::likes::graphql::{LikesMutation, LikesSubscription};
 use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
@@ -21,6 +23,7 @@ pub struct Query(
     ArticlesQuery,
     ViewsQuery,
     VotesQuery,
+    FeedQuery,
 );
 
 #[derive(MergedObject, Default)]
@@ -30,10 +33,16 @@ pub struct Mutation(
     ViewsMutation,
     LikesMutation,
     VotesMutation,
+    FollowsMutation,
 );
 
 #[derive(MergedSubscription, Default)]
-pub struct Subscription(ArticlesSubscription, LikesSubscription, VotesSubscription);
+pub struct Subscription(
+    ArticlesSubscription,
+    LikesSubscription,
+    VotesSubscription,
+    FeedSubscription,
+);
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 

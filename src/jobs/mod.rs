@@ -55,7 +55,13 @@ impl JobSpec {
 
 /// Every job the binary runs, for `pulse jobs status` and `pulse jobs retry-dead`. A domain adds
 /// its job's `SPEC` here when it adds the job.
-pub const REGISTRY: &[JobSpec] = &[crate::likes::archive::SPEC, crate::votes::archive::SPEC];
+pub const REGISTRY: &[JobSpec] = &[
+    crate::likes::archive::SPEC,
+    crate::votes::archive::SPEC,
+    crate::feed::dispatch::SPEC,
+    crate::feed::fanout::SPEC,
+    crate::feed::follow_sync::SPEC,
+];
 
 /// A job from [`REGISTRY`] by name.
 pub fn registered(name: &str) -> Option<JobSpec> {

@@ -560,3 +560,118 @@ mod vote_key_tests {
         assert_eq!(keys.poll(23).board_pattern(), "p:vote:b:\\{vp:7\\}:23:*");
     }
 }
+
+// Feed: each user's inbox (the timeline cache), outbox (their newest article ids), presence and
+// live channel. A user's keys share the hash tag `{f:<user>}`, so every feed script is single-slot.
+
+impl Keys {
+    /// The feed keys of `user`. See [`FeedUserKeys`].
+    pub fn feed_user(&self, user: i64) -> FeedUserKeys<'_> {
+        FeedUserKeys { keys: self, user }
+    }
+
+    /// Pub/sub channel of the new items of `user`'s feed (article ids).
+    pub fn feed_channel(&self, user: i64) -> String {
+        format!("{}events:feed:{user}", self.prefix)
+    }
+
+    /// Pub/sub channel of the new articles of `author`, a celebrity whose followers are not fanned
+    /// out to: their subscribers listen here.
+    pub fn feed_author_channel(&self, author: i64) -> String {
+        format!("{}events:feed-author:{author}", self.prefix)
+    }
+
+    /// A `SCAN MATCH` pattern for every feed key of every user.
+    pub fn feed_pattern(&self) -> String {
+        format!("{}feed:*", escape_glob(&self.prefix))
+    }
+}
+
+fn escape_glob(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c {
+            '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect()
+}
+
+pub struct FeedUserKeys<'a> {
+    keys: &'a Keys,
+    user: i64,
+}
+
+impl FeedUserKeys<'_> {
+    fn key(&self, name: &str) -> String {
+        format!("{}feed:{name}:{{f:{}}}", self.keys.prefix, self.user)
+    }
+
+    pub fn user(&self) -> i64 {
+        self.user
+    }
+
+    /// Sorted set article id → article id: the user's timeline cache, newest `cap` items plus the
+    /// anchor member `0` (score 0) that keeps an empty timeline existing. Expires when unread.
+    pub fn inbox(&self) -> String {
+        self.key("inbox")
+    }
+
+    /// The inbox being rebuilt, renamed onto [`Self::inbox`] when complete.
+    pub fn inbox_building(&self) -> String {
+        self.key("inbox-building")
+    }
+
+    /// String held by the one process rebuilding the inbox.
+    pub fn rebuild_lock(&self) -> String {
+        self.key("rebuild-lock")
+    }
+
+    /// String present while the inbox holds the whole history of the user's fanned-out followees
+    /// (seed 004's "no more" sentinel): a read past its end need not ask SQL.
+    pub fn no_more(&self) -> String {
+        self.key("no-more")
+    }
+
+    /// Sorted set article id → article id: the user's newest `cap` articles.
+    pub fn outbox(&self) -> String {
+        self.key("outbox")
+    }
+
+    /// String present when [`Self::outbox`] was loaded from SQL: the outbox then holds the
+    /// author's newest articles without a gap. Without it, the outbox holds only what was
+    /// published since, and is not read.
+    pub fn outbox_loaded(&self) -> String {
+        self.key("outbox-loaded")
+    }
+
+    /// String kept alive while the user holds a `feedItemAdded` subscription: the user is online.
+    pub fn online(&self) -> String {
+        self.key("online")
+    }
+}
+
+#[cfg(test)]
+mod feed_key_tests {
+    use super::*;
+
+    #[test]
+    fn a_users_feed_keys_share_one_hash_tag() {
+        let keys = Keys::new("p:");
+        let user = keys.feed_user(42);
+        for key in [
+            user.inbox(),
+            user.inbox_building(),
+            user.rebuild_lock(),
+            user.no_more(),
+            user.outbox(),
+            user.outbox_loaded(),
+            user.online(),
+        ] {
+            assert!(key.starts_with("p:feed:"), "{key} lacks the prefix");
+            assert_eq!(key.matches('{').count(), 1, "{key} has more than one tag");
+            assert!(key.ends_with("{f:42}"), "{key} is not in user 42's slot");
+        }
+        assert_ne!(user.inbox(), keys.feed_user(43).inbox());
+        assert_eq!(Keys::new("t*:").feed_pattern(), "t\\*:feed:*");
+    }
+}

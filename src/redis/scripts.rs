@@ -28,6 +28,16 @@ pub struct Scripts {
     pub featured_store: Script,
     /// One voter's ballots in one poll, all or nothing each: see `lua/vote_cast.lua`.
     pub vote_cast: Script,
+    /// One article into one follower's timeline: see `lua/feed_deliver.lua`.
+    pub feed_deliver: Script,
+    /// One page of a timeline from its inbox: see `lua/feed_read.lua`.
+    pub feed_read: Script,
+    /// A missing inbox's rebuild started under a lock: see `lua/feed_rebuild_begin.lua`.
+    pub feed_rebuild_begin: Script,
+    /// A rebuilt inbox renamed in: see `lua/feed_rebuild_install.lua`.
+    pub feed_rebuild_install: Script,
+    /// Articles into an author's outbox: see `lua/feed_outbox_add.lua`.
+    pub feed_outbox_add: Script,
 }
 
 impl Scripts {
@@ -44,10 +54,15 @@ impl Scripts {
             like_settle: Script::new(include_str!("../../lua/like_settle.lua")),
             featured_store: Script::new(include_str!("../../lua/featured_store.lua")),
             vote_cast: Script::new(include_str!("../../lua/vote_cast.lua")),
+            feed_deliver: Script::new(include_str!("../../lua/feed_deliver.lua")),
+            feed_read: Script::new(include_str!("../../lua/feed_read.lua")),
+            feed_rebuild_begin: Script::new(include_str!("../../lua/feed_rebuild_begin.lua")),
+            feed_rebuild_install: Script::new(include_str!("../../lua/feed_rebuild_install.lua")),
+            feed_outbox_add: Script::new(include_str!("../../lua/feed_outbox_add.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 11] {
+    fn all(&self) -> [&Script; 16] {
         [
             &self.rate_limit,
             &self.record_view,
@@ -60,6 +75,11 @@ impl Scripts {
             &self.like_settle,
             &self.featured_store,
             &self.vote_cast,
+            &self.feed_deliver,
+            &self.feed_read,
+            &self.feed_rebuild_begin,
+            &self.feed_rebuild_install,
+            &self.feed_outbox_add,
         ]
     }
 

@@ -1,0 +1,85 @@
+use async_graphql::connection::{Connection, ConnectionNameType, Edge, EdgeNameType, EmptyFields};
+use async_graphql::{Context, Object, OutputType, SimpleObject, Subscription};
+use futures_util::{Stream, StreamExt as _};
+
+use crate::articles::graphql::{Article, prefetch_articles};
+use crate::error::GqlResultExt;
+use crate::graphql::pagination::connection_complexity;
+use crate::graphql::{actor, services};
+
+pub struct FeedConnectionName;
+
+impl ConnectionNameType for FeedConnectionName {
+    fn type_name<T: OutputType>() -> String {
+        "FeedConnection".into()
+    }
+}
+
+pub struct FeedEdgeName;
+
+impl EdgeNameType for FeedEdgeName {
+    fn type_name<T: OutputType>() -> String {
+        "FeedEdge".into()
+    }
+}
+
+#[derive(SimpleObject)]
+pub struct FeedFields {
+    /// True while the timeline of a returning user is being rebuilt (the page came from SQL).
+    regenerating: bool,
+}
+
+pub type FeedConnection =
+    Connection<String, Article, FeedFields, EmptyFields, FeedConnectionName, FeedEdgeName>;
+pub type FeedEdge = Edge<String, Article, EmptyFields, FeedEdgeName>;
+
+#[derive(Default)]
+pub struct FeedQuery;
+
+#[Object]
+impl FeedQuery {
+    /// The viewer's follow timeline, newest first. Requires sign-in.
+    #[graphql(complexity = "connection_complexity(child_complexity, first)")]
+    async fn feed(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: Option<i32>,
+        after: Option<String>,
+    ) -> async_graphql::Result<FeedConnection> {
+        let feed = &services(ctx).feed;
+        let (viewer, request) = feed.parse_page(actor(ctx), first, after.as_deref()).gql()?;
+        let result = feed.page(viewer, &request).await.gql()?;
+        let rows: Vec<_> = result.page.edges.iter().map(|(_, row)| row).collect();
+        prefetch_articles(ctx, ctx.look_ahead().field("edges").field("node"), &rows).await?;
+        let mut connection = FeedConnection::with_additional_fields(
+            false,
+            result.page.has_next_page,
+            FeedFields {
+                regenerating: result.regenerating,
+            },
+        );
+        connection.edges.extend(
+            result
+                .page
+                .edges
+                .into_iter()
+                .map(|(cursor, row)| Edge::new(cursor.into_string(), Article(row))),
+        );
+        Ok(connection)
+    }
+}
+
+#[derive(Default)]
+pub struct FeedSubscription;
+
+#[Subscription]
+impl FeedSubscription {
+    /// New items in the signed-in viewer's feed (token in the connection_init payload).
+    async fn feed_item_added(
+        &self,
+        ctx: &Context<'_>,
+    ) -> async_graphql::Result<impl Stream<Item = FeedEdge> + use<>> {
+        let live = services(ctx).feed.live(actor(ctx)).await.gql()?;
+        Ok(live.map(|(cursor, row)| Edge::new(cursor.into_string(), Article(row))))
+    }
+}

@@ -1,0 +1,38 @@
+//! The follow feed: a push/pull hybrid on Redis sorted sets (seeds 003 and 004).
+//!
+//! Truth: SQL. `articles` and `follows` say what every feed holds; `feed_publications` is the
+//! publish outbox, written in the article's own transaction, so a publish is never lost between
+//! SQL and Redis: [`publications::Relay`] appends it to the dispatch stream after the commit, and
+//! again later for rows not relayed (Redis was down) or relayed long ago and never dispatched
+//! (their entry was lost with a Redis rollback).
+//!
+//! Cache, rebuilt from SQL on demand and never needing `pulse rebuild`:
+//! - each author's **outbox** (their newest article ids, capped), trusted only once loaded from
+//!   SQL (publishes add to it either way, so a publish racing a load is kept);
+//! - each user's **inbox** (their timeline's newest ids, capped, trimmed on every write) with a
+//!   TTL restarted by every read: its existence is what makes a user active, and only active users
+//!   get fan-out writes. A missing inbox is rebuilt by pull from the followees' outboxes (SQL where
+//!   one is not loaded) into a building key renamed in atomically, one rebuild at a time per user;
+//! - the **"no more"** sentinel: the inbox holds the whole history, so reading past it skips SQL.
+//!
+//! Order: newest first is descending article id (ids are minted in publication order, and SQL's
+//! timestamps keep whole seconds only), so every position is unique and a cursor is exact across
+//! the inbox, celebrity outboxes and SQL. Cursors carry a MAC of (viewer, id).
+//!
+//! Exactly once: every write is a `ZADD` of an id, so re-delivered fan-out (a worker killed after
+//! its writes and before its acknowledgement, a publication relayed twice) adds nothing, and a
+//! live item is announced only by the write that added it. Reads filter by SQL's `follows`, so an
+//! unfollowed author's items never show, even before the removal job ran.
+//!
+//! May be lost: nothing. Every inbox and outbox rebuilds from SQL.
+
+pub mod dispatch;
+pub mod fanout;
+pub mod follow_sync;
+pub mod graphql;
+pub mod publications;
+pub mod service;
+pub mod store;
+
+pub use service::FeedService;
+pub use store::{FeedSettings, FeedStore};

@@ -1,0 +1,440 @@
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt as _};
+use singleflight_async::SingleFlight;
+
+use super::{FeedStore, follow_sync};
+use crate::accounts::TokenSigner;
+use crate::actor::Actor;
+use crate::db::retry_once;
+use crate::entities::articles;
+use crate::error::{AppError, AppResult, SharedResult};
+use crate::follows::FollowService;
+use crate::follows::service::FollowOutcome;
+use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
+use crate::realtime::Hub;
+
+/// The viewer's timeline, newest first. Positions are (MAC of viewer and id, article id).
+pub const FEED: Walk = Walk("feed");
+
+/// How long a rebuild may hold its lock; a reader finding it held serves from SQL meanwhile.
+const REBUILD_LOCK: Duration = Duration::from_secs(10);
+
+/// How long an online marker lives; the subscription holding it renews it three times as often.
+const ONLINE_TTL: Duration = Duration::from_secs(30);
+
+/// One page of a timeline.
+pub struct FeedPage {
+    pub page: Page<articles::Model>,
+    /// The viewer's inbox was being rebuilt by another reader: this page came from SQL.
+    pub regenerating: bool,
+}
+
+/// Candidate ids for a page, before hydration and the follow filter.
+struct Candidates {
+    ids: Vec<i64>,
+    /// Nothing older than the last candidate exists.
+    exhausted: bool,
+    regenerating: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rebuild {
+    /// The inbox exists now.
+    Ready,
+    /// Another process holds the rebuild lock.
+    Elsewhere,
+}
+
+#[derive(Clone)]
+pub struct FeedService {
+    store: FeedStore,
+    follows: FollowService,
+    tokens: Arc<TokenSigner>,
+    hub: Hub,
+    rebuilds: Arc<SingleFlight<i64, SharedResult<Rebuild>>>,
+}
+
+impl FeedService {
+    pub fn new(
+        store: FeedStore,
+        follows: FollowService,
+        tokens: Arc<TokenSigner>,
+        hub: Hub,
+    ) -> Self {
+        Self {
+            store,
+            follows,
+            tokens,
+            hub,
+            rebuilds: Arc::default(),
+        }
+    }
+
+    pub fn store(&self) -> &FeedStore {
+        &self.store
+    }
+
+    /// Follows `followee` and queues the backfill of their recent articles into the viewer's
+    /// inbox; the mutation does not wait for it.
+    pub async fn follow(&self, actor: &Actor, followee: i64) -> AppResult<FollowOutcome> {
+        let outcome = self.follows.follow(actor, followee).await?;
+        if outcome.changed {
+            self.queue_sync(actor.require_user()?, followee).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Unfollows `followee` and queues the removal of their articles from the viewer's inbox;
+    /// reads filter them out until it ran.
+    pub async fn unfollow(&self, actor: &Actor, followee: i64) -> AppResult<FollowOutcome> {
+        let outcome = self.follows.unfollow(actor, followee).await?;
+        if outcome.changed {
+            self.queue_sync(actor.require_user()?, followee).await;
+        }
+        Ok(outcome)
+    }
+
+    /// The graph in SQL changed already; a lost sync job only leaves an inbox that reads filter
+    /// (unfollow) or that lacks a backfill until it is rebuilt (follow).
+    async fn queue_sync(&self, follower: i64, followee: i64) {
+        let fields = [
+            ("follower", follower.to_string()),
+            ("followee", followee.to_string()),
+        ];
+        let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let shard = follow_sync::shard_of(follower);
+        if let Err(err) =
+            crate::jobs::enqueue(&self.store.redis, follow_sync::SPEC, shard, &fields).await
+        {
+            tracing::warn!(error = %err, follower, followee, "follow change not queued for the feed");
+        }
+    }
+
+    fn position(&self, viewer: i64, article: i64) -> Position<i64> {
+        let message = format!("feed:{viewer}:{article}");
+        Position {
+            key: self.tokens.tag(message.as_bytes()),
+            id: article,
+        }
+    }
+
+    /// A page request for `viewer`'s feed: `BAD_USER_INPUT` for a cursor not issued to them.
+    pub fn parse_page(
+        &self,
+        actor: &Actor,
+        first: Option<i32>,
+        after: Option<&str>,
+    ) -> AppResult<(i64, PageRequest<i64>)> {
+        let viewer = actor.require_user()?;
+        let request = PageRequest::<i64>::parse(FEED, first, after)?;
+        if let Some(after) = request.after
+            && after != self.position(viewer, after.id)
+        {
+            return Err(AppError::bad_input(
+                "after",
+                "this cursor was not issued for your feed",
+            ));
+        }
+        Ok((viewer, request))
+    }
+
+    /// A page of the viewer's timeline: from the inbox (rebuilt first when missing), merged with
+    /// the celebrities' outboxes, continued from SQL past the cached window; only articles of
+    /// authors the viewer follows now.
+    #[tracing::instrument(skip_all, fields(viewer))]
+    pub async fn page(&self, viewer: i64, request: &PageRequest<i64>) -> AppResult<FeedPage> {
+        let want = request.fetch_limit() as usize;
+        let mut below = request.after.map_or(i64::MAX, |after| after.id);
+        let mut rows: Vec<articles::Model> = Vec::with_capacity(want);
+        let mut regenerating = false;
+        loop {
+            let missing = want - rows.len();
+            // A few more than missing: some may be filtered out.
+            let asked = (missing + missing / 4 + 2) as u64;
+            let candidates = self.candidates(viewer, below, asked).await?;
+            regenerating |= candidates.regenerating;
+            let Some(&last) = candidates.ids.last() else {
+                break;
+            };
+            rows.extend(self.hydrate(viewer, &candidates.ids).await?);
+            below = last;
+            if rows.len() >= want || candidates.exhausted {
+                break;
+            }
+        }
+        rows.truncate(want);
+        let page = Page::from_overfetch(rows, request, |row| self.position(viewer, row.id));
+        Ok(FeedPage { page, regenerating })
+    }
+
+    /// The articles of `ids` that exist and whose author `viewer` follows, in the order of `ids`.
+    async fn hydrate(&self, viewer: i64, ids: &[i64]) -> AppResult<Vec<articles::Model>> {
+        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
+        let query =
+            articles::Entity::find().filter(articles::Column::Id.is_in(ids.iter().copied()));
+        let found = retry_once(|| query.clone().all(&self.store.db)).await?;
+        let authors: Vec<i64> = found
+            .iter()
+            .map(|row| row.author_id)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let followed: HashSet<i64> = self
+            .follows
+            .follows_among(viewer, &authors)
+            .await?
+            .into_iter()
+            .collect();
+        let mut by_id: HashMap<i64, articles::Model> = found
+            .into_iter()
+            .filter(|row| followed.contains(&row.author_id))
+            .map(|row| (row.id, row))
+            .collect();
+        Ok(ids.iter().filter_map(|id| by_id.remove(id)).collect())
+    }
+
+    /// Up to `limit` ids below `below`, newest first. Each source (the inbox, each celebrity's
+    /// outbox) is exact down to a floor: the last id it gave when it gave `limit`, else the lowest
+    /// it holds, or 0 when it holds the whole history. Above the highest floor the merge is exact;
+    /// below it, SQL continues.
+    async fn candidates(&self, viewer: i64, below: i64, limit: u64) -> AppResult<Candidates> {
+        let (inbox, regenerating) = match self.read_inbox(viewer, below, limit).await? {
+            Some(inbox) => (Some(inbox), false),
+            None => match self.rebuild(viewer).await? {
+                Rebuild::Ready => (self.read_inbox(viewer, below, limit).await?, false),
+                Rebuild::Elsewhere => (None, true),
+            },
+        };
+        let Some(inbox) = inbox else {
+            let ids = self.store.sql_feed(viewer, below, limit).await?;
+            return Ok(Candidates {
+                exhausted: (ids.len() as u64) < limit,
+                ids,
+                regenerating,
+            });
+        };
+        let floor_of = |ids: &[i64], complete: bool, lowest: i64| -> i64 {
+            if ids.len() as u64 == limit {
+                *ids.last().expect("limit > 0")
+            } else if complete {
+                0
+            } else if lowest > 0 && lowest < below {
+                lowest
+            } else {
+                below
+            }
+        };
+        let mut floor = floor_of(&inbox.ids, inbox.no_more, inbox.lowest);
+        let mut merged: Vec<i64> = inbox.ids;
+        let (_, celebrities) = self.store.followees(viewer).await?;
+        for celebrity in celebrities {
+            let (ids, coverage) = self.store.outbox_page(celebrity, below, limit).await?;
+            floor = floor.max(floor_of(&ids, coverage.complete, coverage.lowest));
+            merged.extend(ids);
+        }
+        merged.sort_unstable_by(|a, b| b.cmp(a));
+        merged.dedup();
+        merged.retain(|&id| id >= floor);
+        merged.truncate(limit as usize);
+        let mut exhausted = floor == 0 && (merged.len() as u64) < limit;
+        if (merged.len() as u64) < limit && floor > 0 {
+            let more = limit - merged.len() as u64;
+            let older = self.store.sql_feed(viewer, floor, more).await?;
+            metrics::counter!("pulse_feed_sql_reads_total").increment(1);
+            exhausted = (older.len() as u64) < more;
+            merged.extend(older);
+        }
+        Ok(Candidates {
+            ids: merged,
+            exhausted,
+            regenerating,
+        })
+    }
+
+    async fn read_inbox(&self, viewer: i64, below: i64, limit: u64) -> AppResult<Option<Inbox>> {
+        let keys = self.store.redis.keys.feed_user(viewer);
+        let max = if below == i64::MAX {
+            "+inf".to_owned()
+        } else {
+            format!("({below}")
+        };
+        let mut conn = self.store.redis.conn.clone();
+        let reply: Vec<i64> = self
+            .store
+            .redis
+            .scripts
+            .feed_read
+            .key(keys.inbox())
+            .key(keys.no_more())
+            .arg(max)
+            .arg(limit)
+            .arg(self.store.settings.inbox_ttl.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match reply[..] {
+            [1, no_more, lowest, ..] => Some(Inbox {
+                no_more: no_more == 1,
+                lowest,
+                ids: reply[3..].to_vec(),
+            }),
+            _ => None,
+        })
+    }
+
+    /// Rebuilds `viewer`'s missing inbox by pull; concurrent readers in this process share one
+    /// rebuild, and other processes find the lock held.
+    async fn rebuild(&self, viewer: i64) -> AppResult<Rebuild> {
+        let work = || async { self.rebuild_now(viewer).await.map_err(AppError::shared) };
+        self.rebuilds
+            .work(viewer, work)
+            .await
+            .map_err(AppError::Shared)
+    }
+
+    #[tracing::instrument(skip_all, fields(viewer))]
+    async fn rebuild_now(&self, viewer: i64) -> AppResult<Rebuild> {
+        let store = &self.store;
+        let keys = store.redis.keys.feed_user(viewer);
+        let token = format!("{:016x}", rand::random::<u64>());
+        let mut conn = store.redis.conn.clone();
+        let began: i64 = store
+            .redis
+            .scripts
+            .feed_rebuild_begin
+            .key(keys.inbox())
+            .key(keys.inbox_building())
+            .key(keys.rebuild_lock())
+            .arg(&token)
+            .arg(REBUILD_LOCK.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        match began {
+            2 => return Ok(Rebuild::Ready),
+            0 => return Ok(Rebuild::Elsewhere),
+            _ => {}
+        }
+        let cap = u64::from(store.settings.cap);
+        let (fanned_out, _) = store.followees(viewer).await?;
+        let mut ids = Vec::new();
+        let mut complete = true;
+        for followee in fanned_out {
+            let (newest, coverage) = store.outbox_page(followee, i64::MAX, cap).await?;
+            complete &= coverage.complete;
+            ids.extend(newest);
+        }
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.dedup();
+        if ids.len() as u64 > cap {
+            ids.truncate(cap as usize);
+            complete = false;
+        }
+        let mut install = store.redis.scripts.feed_rebuild_install.prepare_invoke();
+        install
+            .key(keys.inbox())
+            .key(keys.inbox_building())
+            .key(keys.rebuild_lock())
+            .key(keys.no_more())
+            .arg(&token)
+            .arg(store.settings.inbox_ttl.as_millis() as u64)
+            .arg(cap)
+            .arg(u8::from(complete));
+        for id in &ids {
+            install.arg(*id);
+        }
+        let installed: i64 = install.invoke_async(&mut conn).await?;
+        store.counters.rebuilds.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("pulse_feed_rebuilds_total").increment(1);
+        Ok(if installed == 1 {
+            Rebuild::Ready
+        } else {
+            Rebuild::Elsewhere
+        })
+    }
+
+    /// Articles that join the viewer's feed from now on, with their cursors: those fanned out to
+    /// the viewer's inbox and those of the celebrities the viewer follows. Keeps the viewer marked
+    /// online (fan-out announces only to online users) for as long as the stream is held.
+    pub async fn live(
+        &self,
+        actor: &Actor,
+    ) -> AppResult<impl Stream<Item = (Cursor, articles::Model)> + use<>> {
+        let viewer = actor.require_user()?;
+        // Only an inbox that exists gets fan-out writes, and announcements come from those.
+        if self.read_inbox(viewer, i64::MAX, 1).await?.is_none() {
+            self.rebuild(viewer).await?;
+        }
+        let keys = &self.store.redis.keys;
+        let (_, celebrities) = self.store.followees(viewer).await?;
+        let mut channels = vec![keys.feed_channel(viewer)];
+        channels.extend(
+            celebrities
+                .iter()
+                .map(|&author| keys.feed_author_channel(author)),
+        );
+        let subscriptions = channels
+            .into_iter()
+            .map(|channel| self.hub.subscribe(channel));
+        let messages = futures_util::stream::select_all(subscriptions);
+        let presence = Presence::start(self.store.clone(), viewer);
+        let service = self.clone();
+        Ok(messages.filter_map(move |payload| {
+            let service = service.clone();
+            let _held = &presence;
+            async move {
+                let article: i64 = std::str::from_utf8(&payload).ok()?.parse().ok()?;
+                let row = service.hydrate(viewer, &[article]).await.ok()?.pop()?;
+                let cursor = Cursor::encode(FEED, &service.position(viewer, row.id));
+                Some((cursor, row))
+            }
+        }))
+    }
+}
+
+struct Inbox {
+    no_more: bool,
+    lowest: i64,
+    ids: Vec<i64>,
+}
+
+/// Keeps a user's online marker alive until dropped (with the subscription that holds it).
+struct Presence {
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Presence {
+    fn start(store: FeedStore, user: i64) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            let key = store.redis.keys.feed_user(user).online();
+            loop {
+                let mut conn = store.redis.conn.clone();
+                let renewed: redis::RedisResult<()> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(1)
+                    .arg("PX")
+                    .arg(ONLINE_TTL.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await;
+                if let Err(err) = renewed {
+                    tracing::warn!(error = %err, "cannot renew a feed subscriber's online marker");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(ONLINE_TTL / 3) => {}
+                    _ = stopped.cancelled() => break,
+                }
+            }
+        });
+        Self { stop }
+    }
+}
+
+impl Drop for Presence {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

@@ -1,0 +1,253 @@
+//! The feed's Redis and SQL primitives, shared by the read path and the jobs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sea_orm::sea_query::{Expr, ExprTrait as _, Query};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+
+use crate::db::retry_once;
+use crate::entities::{articles, follow_counts, follows};
+use crate::error::AppResult;
+use crate::redis::Redis;
+
+/// The feed's knobs, from the configuration.
+#[derive(Clone, Debug)]
+pub struct FeedSettings {
+    pub cap: u32,
+    pub inbox_ttl: Duration,
+    pub fanout_chunk: u32,
+    pub celebrity_followers: u64,
+    pub follow_backfill: u32,
+}
+
+impl FeedSettings {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            cap: config.feed_cap,
+            inbox_ttl: config.feed_inbox_ttl,
+            fanout_chunk: config.feed_fanout_chunk,
+            celebrity_followers: config.feed_celebrity_followers,
+            follow_backfill: config.feed_follow_backfill,
+        }
+    }
+}
+
+/// What inbox writes did, for the metrics and the tests.
+#[derive(Debug, Default)]
+pub struct FeedCounters {
+    pub inbox_writes: AtomicU64,
+    pub announcements: AtomicU64,
+    pub rebuilds: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct FeedStore {
+    pub db: DatabaseConnection,
+    pub redis: Redis,
+    pub settings: FeedSettings,
+    pub counters: Arc<FeedCounters>,
+}
+
+impl FeedStore {
+    pub fn new(db: DatabaseConnection, redis: Redis, settings: FeedSettings) -> Self {
+        Self {
+            db,
+            redis,
+            settings,
+            counters: Arc::default(),
+        }
+    }
+
+    /// Whether `author` has so many followers that publishes are merged at read time instead.
+    pub async fn is_celebrity(&self, author: i64) -> AppResult<bool> {
+        let query = follow_counts::Entity::find_by_id(author);
+        let row = retry_once(|| query.clone().one(&self.db)).await?;
+        Ok(row.is_some_and(|row| row.followers as u64 >= self.settings.celebrity_followers))
+    }
+
+    pub async fn is_following(&self, follower: i64, followee: i64) -> AppResult<bool> {
+        let query = follows::Entity::find()
+            .select_only()
+            .column(follows::Column::Id)
+            .filter(follows::Column::FollowerId.eq(follower))
+            .filter(follows::Column::FolloweeId.eq(followee));
+        let row: Option<i64> = retry_once(|| query.clone().into_tuple().one(&self.db)).await?;
+        Ok(row.is_some())
+    }
+
+    /// `follower`'s followees, split into those fanned out to and the celebrities.
+    pub async fn followees(&self, follower: i64) -> AppResult<(Vec<i64>, Vec<i64>)> {
+        let query = follows::Entity::find()
+            .select_only()
+            .column(follows::Column::FolloweeId)
+            .filter(follows::Column::FollowerId.eq(follower));
+        let followees: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
+        let mut followers: HashMap<i64, i64> = HashMap::new();
+        for chunk in followees.chunks(500) {
+            let query = follow_counts::Entity::find()
+                .select_only()
+                .column(follow_counts::Column::UserId)
+                .column(follow_counts::Column::Followers)
+                .filter(follow_counts::Column::UserId.is_in(chunk.iter().copied()));
+            let rows: Vec<(i64, i64)> =
+                retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
+            followers.extend(rows);
+        }
+        let threshold = self.settings.celebrity_followers;
+        Ok(followees.into_iter().partition(|followee| {
+            (followers.get(followee).copied().unwrap_or(0) as u64) < threshold
+        }))
+    }
+
+    /// The newest `limit` article ids below `below` by any author `follower` follows, from SQL.
+    pub async fn sql_feed(&self, follower: i64, below: i64, limit: u64) -> AppResult<Vec<i64>> {
+        let followees = Query::select()
+            .column(follows::Column::FolloweeId)
+            .from(follows::Entity)
+            .and_where(Expr::col(follows::Column::FollowerId).eq(follower))
+            .to_owned();
+        let query = articles::Entity::find()
+            .select_only()
+            .column(articles::Column::Id)
+            .filter(Expr::col(articles::Column::AuthorId).in_subquery(followees))
+            .filter(articles::Column::Id.lt(below))
+            .order_by_desc(articles::Column::Id)
+            .limit(limit);
+        Ok(retry_once(|| query.clone().into_tuple().all(&self.db)).await?)
+    }
+
+    /// The newest `limit` article ids of any of `authors`, from SQL.
+    pub async fn sql_newest(&self, authors: &[i64], limit: u64) -> AppResult<Vec<i64>> {
+        if authors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::new();
+        for chunk in authors.chunks(500) {
+            let query = articles::Entity::find()
+                .select_only()
+                .column(articles::Column::Id)
+                .filter(articles::Column::AuthorId.is_in(chunk.iter().copied()))
+                .order_by_desc(articles::Column::Id)
+                .limit(limit);
+            let found: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
+            ids.extend(found);
+        }
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.truncate(limit as usize);
+        Ok(ids)
+    }
+
+    /// Adds articles to `author`'s outbox; with `loaded`, they are the author's newest from SQL.
+    pub async fn outbox_add(&self, author: i64, ids: &[i64], loaded: bool) -> AppResult<u64> {
+        let keys = self.redis.keys.feed_user(author);
+        let mut invocation = self.redis.scripts.feed_outbox_add.prepare_invoke();
+        invocation
+            .key(keys.outbox())
+            .key(keys.outbox_loaded())
+            .arg(self.settings.cap)
+            .arg(u8::from(loaded));
+        for id in ids {
+            invocation.arg(*id);
+        }
+        let mut conn = self.redis.conn.clone();
+        Ok(invocation.invoke_async(&mut conn).await?)
+    }
+
+    /// `author`'s outbox as a complete list of their newest articles (up to the cap), loading it
+    /// from SQL first when it was never loaded. Returns the ids below `below`, newest first, at
+    /// most `limit`, and whether the outbox holds the author's whole history.
+    pub async fn outbox_page(
+        &self,
+        author: i64,
+        below: i64,
+        limit: u64,
+    ) -> AppResult<(Vec<i64>, OutboxCoverage)> {
+        let keys = self.redis.keys.feed_user(author);
+        let mut conn = self.redis.conn.clone();
+        let (loaded, size, lowest, ids): (bool, u64, Vec<i64>, Vec<i64>) = redis::pipe()
+            .exists(keys.outbox_loaded())
+            .zcard(keys.outbox())
+            .zrange(keys.outbox(), 0, 0)
+            .cmd("ZREVRANGEBYSCORE")
+            .arg(keys.outbox())
+            .arg(format!("({below}"))
+            .arg("-inf")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await?;
+        if loaded {
+            let coverage = OutboxCoverage {
+                complete: size < u64::from(self.settings.cap),
+                lowest: lowest.first().copied().unwrap_or(0),
+            };
+            return Ok((ids, coverage));
+        }
+        let newest = self
+            .sql_newest(&[author], u64::from(self.settings.cap))
+            .await?;
+        self.outbox_add(author, &newest, true).await?;
+        let coverage = OutboxCoverage {
+            complete: newest.len() < self.settings.cap as usize,
+            lowest: newest.last().copied().unwrap_or(0),
+        };
+        let below_cursor = newest.into_iter().filter(|&id| id < below);
+        Ok((below_cursor.take(limit as usize).collect(), coverage))
+    }
+
+    /// Delivers `article` to the inboxes of `followers` that exist, in one pipelined round trip;
+    /// `announce` publishes it to those online. Returns how many inboxes it was added to.
+    pub async fn deliver(&self, article: i64, followers: &[i64], announce: bool) -> AppResult<u64> {
+        if followers.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.redis.conn.clone();
+        let script = &self.redis.scripts.feed_deliver;
+        // A pipeline does not reload a script Redis has lost (a restart); load it once up front.
+        script.prepare_invoke().load_async(&mut conn).await?;
+        let mut pipe = redis::pipe();
+        for &follower in followers {
+            let keys = self.redis.keys.feed_user(follower);
+            let channel = if announce {
+                self.redis.keys.feed_channel(follower)
+            } else {
+                String::new()
+            };
+            let mut invocation = script.prepare_invoke();
+            invocation
+                .key(keys.inbox())
+                .key(keys.inbox_building())
+                .key(keys.no_more())
+                .key(keys.online())
+                .arg(article)
+                .arg(self.settings.cap)
+                .arg(channel);
+            pipe.invoke_script(&invocation);
+        }
+        let results: Vec<i64> = pipe.query_async(&mut conn).await?;
+        let added = results.iter().filter(|&&result| result > 0).count() as u64;
+        let announced = results.iter().filter(|&&result| result == 2).count() as u64;
+        self.counters
+            .inbox_writes
+            .fetch_add(added, Ordering::Relaxed);
+        self.counters
+            .announcements
+            .fetch_add(announced, Ordering::Relaxed);
+        metrics::counter!("pulse_feed_inbox_writes_total").increment(added);
+        metrics::counter!("pulse_feed_announcements_total").increment(announced);
+        Ok(added)
+    }
+}
+
+/// How much of an author's history an outbox holds.
+#[derive(Clone, Copy, Debug)]
+pub struct OutboxCoverage {
+    /// The outbox holds every article of the author.
+    pub complete: bool,
+    /// The lowest id it holds (0 when empty).
+    pub lowest: i64,
+}

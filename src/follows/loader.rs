@@ -1,0 +1,62 @@
+use std::collections::HashMap;
+
+use async_graphql::ErrorExtensions;
+use async_graphql::dataloader::Loader;
+
+use super::FollowService;
+use super::service::FollowCounts;
+use crate::graphql::loaders::FromServices;
+use crate::services::Services;
+
+/// Follower and following counts by user: a page of users costs one query.
+pub struct FollowCountsLoader(pub FollowService);
+
+impl FromServices for FollowCountsLoader {
+    fn from_services(services: &Services) -> Self {
+        Self(services.follows.clone())
+    }
+}
+
+impl Loader<i64> for FollowCountsLoader {
+    type Value = FollowCounts;
+    type Error = async_graphql::Error;
+
+    async fn load(&self, keys: &[i64]) -> Result<HashMap<i64, Self::Value>, Self::Error> {
+        self.0.counts(keys).await.map_err(|err| err.extend())
+    }
+}
+
+/// Whether a viewer follows each user, keyed (viewer, user): a page of users costs one query.
+pub struct ViewerFollowsLoader(pub FollowService);
+
+impl FromServices for ViewerFollowsLoader {
+    fn from_services(services: &Services) -> Self {
+        Self(services.follows.clone())
+    }
+}
+
+impl Loader<(i64, i64)> for ViewerFollowsLoader {
+    type Value = bool;
+    type Error = async_graphql::Error;
+
+    async fn load(
+        &self,
+        keys: &[(i64, i64)],
+    ) -> Result<HashMap<(i64, i64), Self::Value>, Self::Error> {
+        let mut by_viewer: HashMap<i64, Vec<i64>> = HashMap::new();
+        for &(viewer, user) in keys {
+            by_viewer.entry(viewer).or_default().push(user);
+        }
+        let mut found = HashMap::with_capacity(keys.len());
+        for (viewer, users) in by_viewer {
+            let followed = self
+                .0
+                .follows_among(viewer, &users)
+                .await
+                .map_err(|err| err.extend())?;
+            found.extend(users.iter().map(|&user| ((viewer, user), false)));
+            found.extend(followed.into_iter().map(|user| ((viewer, user), true)));
+        }
+        Ok(found)
+    }
+}

@@ -1,0 +1,228 @@
+//! Live feed items: `feedItemAdded` across processes, only online users announced to, and
+//! publishes made while Redis was down reaching inboxes and subscribers exactly once after.
+
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::crash::free_port;
+use crate::feed::{bulk_follow, eventually, feed_page, in_inbox, publish, token, users};
+use crate::helpers::{TestApp, article_row, test_config};
+use crate::subscriptions::{Socket, connect, next_message, send};
+
+const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title } } }";
+
+/// A websocket of `user` subscribed to `feedItemAdded`, once the subscription reached Redis and
+/// the user shows as online.
+async fn subscribed(app: &TestApp, user: i64) -> Socket {
+    let mut socket = connect(
+        app,
+        "graphql-transport-ws",
+        json!({ "token": token(app, user) }),
+    )
+    .await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": { "query": FEED_ITEMS } }),
+    )
+    .await;
+    let channel = app.state.redis.keys.feed_channel(user);
+    let online = app.state.redis.keys.feed_user(user).online();
+    let mut conn = app.state.redis.conn.clone();
+    eventually("the subscription reaches Redis", async || {
+        let listening: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        let present: bool = redis::cmd("EXISTS")
+            .arg(&online)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(false);
+        listening.first().is_some_and(|(_, n)| *n > 0) && present
+    })
+    .await;
+    socket
+}
+
+fn item_id(message: &Value) -> i64 {
+    assert_eq!(message["type"], "next", "{message}");
+    let id = message["payload"]["data"]["feedItemAdded"]["node"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not a feed item: {message}"));
+    article_row(id)
+}
+
+fn announcements(apps: &[&TestApp]) -> u64 {
+    apps.iter()
+        .map(|app| {
+            let counters = &app.state.services.feed.store().counters;
+            counters.announcements.load(Ordering::Relaxed)
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_subscriber_on_one_process_gets_what_an_author_publishes_through_another_and_offline_followers_cost_no_publish()
+ {
+    let config = test_config(|_| {}).await;
+    let a = TestApp::start(config.clone()).await;
+    let b = TestApp::start(config).await;
+    let people = users(&a, "live", 3).await;
+    let (author, online, offline) = (people[0], people[1], people[2]);
+    bulk_follow(&a, &[online, offline], author).await;
+    // Both are active (they have read their feeds); only one is subscribed.
+    feed_page(&b, &token(&b, offline), 5, None).await;
+    let mut socket = subscribed(&a, online).await;
+
+    let article = publish(&b, &token(&b, author), "across processes").await;
+    let message = next_message(&mut socket).await.unwrap();
+    assert_eq!(item_id(&message), article);
+    assert_eq!(
+        message["payload"]["data"]["feedItemAdded"]["node"]["title"],
+        "across processes"
+    );
+    let cursor = message["payload"]["data"]["feedItemAdded"]["cursor"]
+        .as_str()
+        .unwrap();
+    let older = crate::feed::feed_response(&a, Some(&token(&a, online)), 5, Some(cursor)).await;
+    assert!(older["data"]["feed"]["edges"].is_array(), "{older}");
+
+    eventually("the offline follower's inbox has it too", async || {
+        in_inbox(&a, offline, article).await
+    })
+    .await;
+    assert_eq!(
+        announcements(&[&a, &b]),
+        1,
+        "an offline follower was announced to"
+    );
+}
+
+/// A `redis-server` of the test's own, stopped and started again on the same port and data.
+struct OwnRedis {
+    port: u16,
+    child: Option<tokio::process::Child>,
+}
+
+impl OwnRedis {
+    async fn start(port: u16, dir: std::path::PathBuf) -> Self {
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--dir")
+            .arg(&dir)
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server is installed on test machines");
+        let url = format!("redis://127.0.0.1:{port}");
+        eventually("the test's redis-server answers", async || {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return false;
+            };
+            match client.get_multiplexed_async_connection().await {
+                Ok(mut conn) => redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+        Self {
+            port,
+            child: Some(child),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Shuts the server down with its data saved.
+    async fn stop(&mut self) {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut conn).await;
+        self.child.take().unwrap().wait().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_article_published_while_redis_is_down_reaches_inboxes_and_subscribers_once_after() {
+    let port = free_port();
+    let dir =
+        std::env::temp_dir().join(format!("pulse-feed-redis-{port}-{}", rand::random::<u32>()));
+    let mut own = OwnRedis::start(port, dir.clone()).await;
+    let url = own.url();
+    let app = TestApp::spawn_with(|config| {
+        config.redis_url = Some(url);
+        config.feed_relay_interval = Duration::from_millis(200);
+    })
+    .await;
+    let people = users(&app, "outage", 3).await;
+    let (author, watcher, reader) = (people[0], people[1], people[2]);
+    bulk_follow(&app, &[watcher, reader], author).await;
+    feed_page(&app, &token(&app, reader), 5, None).await;
+    let mut socket = subscribed(&app, watcher).await;
+
+    own.stop().await;
+    let published = app
+        .graphql_as(
+            Some(&token(&app, author)),
+            "mutation { publishArticle(input: { title: \"in the dark\", body: \"b\" }) { id } }",
+            json!({}),
+        )
+        .await;
+    let article = article_row(
+        published["data"]["publishArticle"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("the publish failed without Redis: {published}")),
+    );
+    assert_eq!(
+        app.count("feed_publications WHERE relayed_at IS NULL")
+            .await,
+        1,
+        "the publication was not kept for the relay"
+    );
+
+    let mut own = OwnRedis::start(port, dir).await;
+    let message = next_message(&mut socket).await.unwrap();
+    assert_eq!(item_id(&message), article, "{message}");
+    eventually("the reader's inbox has the article", async || {
+        in_inbox(&app, reader, article).await
+    })
+    .await;
+    eventually("the publication is dispatched", async || {
+        app.count("feed_publications WHERE dispatched_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    // Exactly once: the next item the subscriber gets is the next article, not the first again.
+    let next = publish(&app, &token(&app, author), "after the outage").await;
+    let message = next_message(&mut socket).await.unwrap();
+    assert_eq!(item_id(&message), next, "the outage's article came twice");
+    let page = feed_page(&app, &token(&app, reader), 5, None).await;
+    assert_eq!(page.ids, vec![next, article]);
+    drop(socket);
+    app.stop().await.unwrap();
+    own.stop().await;
+}
