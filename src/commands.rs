@@ -1,11 +1,11 @@
-//! One-shot commands: `migrate`, `seed-demo`, `rebuild`, `admin`, `jobs`.
+//! One-shot commands: `migrate`, `seed-demo`, `rebuild`, `admin`, `jobs`, `documents`.
 
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 
 use crate::accounts::service::{Handle, find_by_handle, insert_user, set_admin};
 use crate::app::Backends;
 use crate::articles::service::insert_article;
-use crate::config::{AdminAction, Command, Config, JobsAction, RebuildTarget};
+use crate::config::{AdminAction, Command, Config, DocumentsAction, JobsAction, RebuildTarget};
 use crate::entities::articles;
 
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
@@ -21,6 +21,7 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         Command::SeedDemo => seed_demo(&backends).await,
         Command::Admin { action } => admin(&backends, action).await,
         Command::Jobs { action } => jobs(&backends, action).await,
+        Command::Documents { action } => documents(&backends, action).await,
         Command::Rebuild {
             target: RebuildTarget::Views,
         } => rebuild_views(&backends).await,
@@ -106,6 +107,94 @@ async fn admin(backends: &Backends, action: AdminAction) -> anyhow::Result<()> {
         user.handle,
         if is_admin { "now" } else { "no longer" }
     );
+    Ok(())
+}
+
+/// The documents of one file: the file itself, or the operations of a manifest.
+fn documents_of(
+    path: &std::path::Path,
+    manifest: bool,
+) -> anyhow::Result<Vec<(Option<String>, String)>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| anyhow::anyhow!("cannot read {}: {err}", path.display()))?;
+    if !manifest {
+        let name = path
+            .file_stem()
+            .map(|stem| stem.to_string_lossy().into_owned());
+        return Ok(vec![(name, text)]);
+    }
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|err| anyhow::anyhow!("{} is not JSON: {err}", path.display()))?;
+    // Apollo: {"format": "apollo-persisted-query-manifest", "operations": [{"name", "body"}]};
+    // Relay and GraphQL Codegen: {"<hash>": "<document>"}.
+    if let Some(operations) = json.get("operations").and_then(|ops| ops.as_array()) {
+        return operations
+            .iter()
+            .map(|operation| {
+                let body = operation.get("body").and_then(|body| body.as_str());
+                let body = body.ok_or_else(|| anyhow::anyhow!("an operation has no `body`"))?;
+                let name = operation.get("name").and_then(|name| name.as_str());
+                Ok((name.map(str::to_owned), body.to_owned()))
+            })
+            .collect();
+    }
+    let map = json
+        .as_object()
+        .ok_or_else(|| anyhow::anyhow!("{}: not a manifest", path.display()))?;
+    map.values()
+        .map(|body| {
+            let body = body
+                .as_str()
+                .ok_or_else(|| anyhow::anyhow!("a manifest value is not a string"))?;
+            Ok((None, body.to_owned()))
+        })
+        .collect()
+}
+
+async fn documents(backends: &Backends, action: DocumentsAction) -> anyhow::Result<()> {
+    let db = &backends.db;
+    match action {
+        DocumentsAction::Add { files, manifest } => {
+            anyhow::ensure!(!files.is_empty(), "name at least one file");
+            let mut found = Vec::new();
+            for path in &files {
+                found.extend(documents_of(path, manifest)?);
+            }
+            // Every document is checked before any is registered: a typo is found now, whole.
+            for (name, document) in &found {
+                if let Err(err) = async_graphql::parser::parse_query(document) {
+                    anyhow::bail!(
+                        "{} does not parse: {err}",
+                        name.as_deref().unwrap_or("a document")
+                    );
+                }
+            }
+            for (name, document) in &found {
+                let (sha256, added) =
+                    crate::documents::add_trusted(db, name.as_deref(), document).await?;
+                let state = if added { "added" } else { "already registered" };
+                println!("{sha256} {} {state}", name.as_deref().unwrap_or("-"));
+            }
+        }
+        DocumentsAction::List => {
+            for document in crate::documents::list_trusted(db).await? {
+                println!(
+                    "{} {} {}",
+                    document.sha256,
+                    document.name.as_deref().unwrap_or("-"),
+                    document.created_at.and_utc().to_rfc3339()
+                );
+            }
+        }
+        DocumentsAction::Remove { sha256 } => {
+            let sha256 = sha256.to_ascii_lowercase();
+            anyhow::ensure!(
+                crate::documents::remove_trusted(db, &sha256).await?,
+                "no registered document has the SHA-256 {sha256}"
+            );
+            println!("{sha256} removed");
+        }
+    }
     Ok(())
 }
 

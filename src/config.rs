@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
 
+use crate::documents::PersistedMode;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "pulse",
@@ -46,6 +48,27 @@ pub enum Command {
         #[command(subcommand)]
         action: JobsAction,
     },
+    /// Manage the trusted documents (`PULSE_PERSISTED_QUERIES=trusted`).
+    Documents {
+        #[command(subcommand)]
+        action: DocumentsAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DocumentsAction {
+    /// Register documents: each file one GraphQL document, or with `--manifest`, the operations of
+    /// a persisted query manifest (Apollo's `persisted-query-manifest.json`, or a JSON object of
+    /// hash to document, as Relay and GraphQL Codegen write).
+    Add {
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        manifest: bool,
+    },
+    /// Every registered document: hash, name, when.
+    List,
+    /// Unregister a document by its SHA-256.
+    Remove { sha256: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -283,6 +306,16 @@ pub struct Config {
     /// How long in-flight requests may take to finish after a shutdown signal.
     #[arg(long, global = true, env = "PULSE_SHUTDOWN_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// Which documents the server runs: `apq` (any, and Apollo's automatic persisted queries by
+    /// hash, shared through Redis), `trusted` (only those registered with `pulse documents add`) or
+    /// `off` (any, always in full).
+    #[arg(long, global = true, env = "PULSE_PERSISTED_QUERIES", value_enum, default_value_t = PersistedMode::Apq)]
+    pub persisted_queries: PersistedMode,
+
+    /// How long an automatic persisted query stays registered after its last use.
+    #[arg(long, global = true, env = "PULSE_APQ_TTL", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub apq_ttl: Duration,
 
     /// How long a past period's vote boards (hour, day, week, month) stay queryable with `at:`
     /// after the period ends; the SQL vote log keeps every vote regardless.

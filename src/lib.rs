@@ -8,6 +8,7 @@ pub mod articles;
 pub mod commands;
 pub mod config;
 pub mod db;
+pub mod documents;
 pub mod entities;
 pub mod error;
 pub mod feed;

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 use crate::accounts::{AccountService, TokenSigner};
 use crate::articles::ArticleService;
 use crate::config::Config;
+use crate::documents::DocumentStore;
 use crate::feed::publications::Relay;
 use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
@@ -59,6 +60,7 @@ pub struct Services {
     pub live_boards: LiveBoards,
     pub follows: FollowService,
     pub feed: FeedService,
+    pub documents: DocumentStore,
 }
 
 impl Services {
@@ -148,6 +150,12 @@ impl Services {
             comments,
             follows,
             feed,
+            documents: DocumentStore::new(
+                db.clone(),
+                redis.clone(),
+                config.persisted_queries,
+                config.apq_ttl,
+            ),
         };
         services
             .accounts

@@ -10,6 +10,7 @@ mod m20261122_000005_widen_text_columns;
 mod m20261123_000006_comments_and_likes;
 mod m20261125_000007_polls_and_votes;
 mod m20261125_000010_follows_and_feed;
+mod m20261125_000013_trusted_documents;
 
 pub struct Migrator;
 
@@ -25,6 +26,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000006_comments_and_likes::Migration),
             Box::new(m20261125_000007_polls_and_votes::Migration),
             Box::new(m20261125_000010_follows_and_feed::Migration),
+            Box::new(m20261125_000013_trusted_documents::Migration),
         ]
     }
 }

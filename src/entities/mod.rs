@@ -12,6 +12,7 @@ pub mod likes;
 pub mod poll_options;
 pub mod poll_rules;
 pub mod polls;
+pub mod trusted_documents;
 pub mod users;
 pub mod view_flush_batches;
 pub mod view_flush_shards;

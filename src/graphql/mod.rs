@@ -7,6 +7,7 @@ pub mod loaders;
 pub mod node;
 pub mod order;
 pub mod pagination;
+pub mod persisted;
 pub mod schema;
 
 use async_graphql::Context;

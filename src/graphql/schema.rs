@@ -1,11 +1,12 @@
 use std::sync::Arc;
 
-use async_graphql::{MergedObject, MergedSubscription, Schema, SchemaBuilder};
+use async_graphql::{MergedObject, MergedSubscription, Schema};
 
 use super::extensions::{DocumentGuard, ErrorCodes, OperationMetrics, QueryLimitsCheck};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
 use super::order::SchemaTypes;
+use super::persisted::PersistedDocuments;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
@@ -61,8 +62,9 @@ pub struct QueryLimits {
     pub introspection: bool,
 }
 
-/// The schema's shape and limits, without data: what `print-schema` and the server share.
-pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscription> {
+/// The server's schema: its shape, its limits and the extensions every request passes through, in
+/// order (a persisted document is looked up before the guard checks its text).
+pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
     let types = SchemaTypes::from_sdl(&sdl()).expect("async-graphql prints SDL its parser reads");
     let builder = Schema::build(
         Query::default(),
@@ -79,17 +81,15 @@ pub fn builder(limits: QueryLimits) -> SchemaBuilder<Query, Mutation, Subscripti
         max_complexity: limits.max_complexity,
     })
     .extension(OperationMetrics::default())
+    .extension(PersistedDocuments::new(services.documents.clone()))
     // A cached document skips the parse and the guard's checks, which it passed when it was cached.
     .extension(DocumentGuard::new(limits.max_complexity, Arc::new(types)));
-    if limits.introspection {
+    let builder = if limits.introspection {
         builder
     } else {
         builder.disable_introspection()
-    }
-}
-
-pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
-    builder(limits).data(services).finish()
+    };
+    builder.data(services).finish()
 }
 
 /// The schema in SDL, as checked in at `schema.graphql`.

@@ -181,7 +181,10 @@ pub async fn post(
         Err(response) => return response,
     };
     let request = match serde_json::from_slice::<async_graphql::Request>(&body) {
-        Ok(request) if request.query.trim().is_empty() => {
+        Ok(request)
+            if request.query.trim().is_empty()
+                && !request.extensions.contains_key("persistedQuery") =>
+        {
             return malformed(
                 StatusCode::BAD_REQUEST,
                 media,
@@ -208,6 +211,7 @@ struct GetParameters {
     #[serde(rename = "operationName")]
     operation_name: Option<String>,
     variables: Option<String>,
+    extensions: Option<String>,
 }
 
 /// A query over GET: what CDNs and browser caches can keep. A browser asking for HTML with no
@@ -220,7 +224,8 @@ pub async fn get(
 ) -> Response {
     let accepted = media::negotiate(&headers, true);
     let query = Query::<GetParameters>::try_from_uri(&uri);
-    let asks_nothing = matches!(&query, Ok(Query(p)) if p.query.is_none());
+    let asks_nothing =
+        matches!(&query, Ok(Query(p)) if p.query.is_none() && p.extensions.is_none());
     let media = match accepted {
         Accepted::Html if asks_nothing => return graphiql().await.into_response(),
         // A GET URL with a query opened in a browser: the answer is what it asked for.
@@ -235,27 +240,50 @@ pub async fn get(
             return malformed(StatusCode::BAD_REQUEST, media, message);
         }
     };
-    let Some(query) = parameters.query.filter(|query| !query.trim().is_empty()) else {
+    if asks_nothing {
         let message =
             "the request has no `query` parameter (open /graphql in a browser for GraphiQL)";
         return malformed(StatusCode::BAD_REQUEST, media, message.to_owned());
-    };
-    let mut request = async_graphql::Request::new(query);
+    }
+    let mut request = async_graphql::Request::new(parameters.query.unwrap_or_default());
     if let Some(name) = parameters.operation_name.filter(|name| !name.is_empty()) {
         request = request.operation_name(name);
     }
     if let Some(variables) = parameters.variables.filter(|v| !v.is_empty()) {
-        match serde_json::from_str::<serde_json::Value>(&variables) {
-            Ok(variables @ (serde_json::Value::Object(_) | serde_json::Value::Null)) => {
+        match json_object(&variables) {
+            Some(variables) => {
                 request = request.variables(async_graphql::Variables::from_json(variables));
             }
-            _ => {
+            None => {
                 let message = "`variables` must be a JSON object".to_owned();
                 return malformed(StatusCode::BAD_REQUEST, media, message);
             }
         }
     }
+    if let Some(extensions) = parameters.extensions.filter(|e| !e.is_empty()) {
+        let extensions = json_object(&extensions).and_then(|extensions| match extensions {
+            serde_json::Value::Object(map) => Some(map),
+            _ => None,
+        });
+        let Some(extensions) = extensions else {
+            let message = "`extensions` must be a JSON object".to_owned();
+            return malformed(StatusCode::BAD_REQUEST, media, message);
+        };
+        for (name, value) in extensions {
+            if let Ok(value) = async_graphql::Value::from_json(value) {
+                request.extensions.insert(name, value);
+            }
+        }
+    }
     respond(&state, peer, &headers, request, HttpMethod::Get, media).await
+}
+
+/// A URL parameter holding a JSON object (or null).
+fn json_object(text: &str) -> Option<serde_json::Value> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value @ (serde_json::Value::Object(_) | serde_json::Value::Null)) => Some(value),
+        _ => None,
+    }
 }
 
 fn not_acceptable() -> Response {

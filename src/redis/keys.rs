@@ -675,3 +675,12 @@ mod feed_key_tests {
         assert_eq!(Keys::new("t*:").feed_pattern(), "t\\*:feed:*");
     }
 }
+
+// Persisted queries: the text of a document by its hex SHA-256, one key each.
+
+impl Keys {
+    /// String: the document whose SHA-256 is `sha256`, registered by an automatic persisted query.
+    pub fn persisted_query(&self, sha256: &str) -> String {
+        format!("{}apq:{sha256}", self.prefix)
+    }
+}

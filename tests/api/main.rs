@@ -17,6 +17,7 @@ mod likes_comments;
 mod likes_reads;
 mod limits;
 mod ops;
+mod persisted;
 mod private_redis;
 mod rollback;
 mod sql_input;

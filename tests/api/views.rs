@@ -370,7 +370,11 @@ async fn concurrent_flushers_never_double_count() {
             let (flusher, stop) = (flusher(&app), stop.clone());
             tokio::spawn(async move {
                 while !stop.is_cancelled() {
-                    flusher.flush_all().await.unwrap();
+                    // Six flushers contend for SQLite's one writer; one that waits too long on a
+                    // busy machine fails as the real loop's would, and tries again next round.
+                    if let Err(err) = flusher.flush_all().await {
+                        assert_eq!(err.code(), "UNAVAILABLE", "{err}");
+                    }
                 }
             })
         })

@@ -1,0 +1,9 @@
+//! Persisted documents: Apollo's automatic persisted queries, shared by every process through Redis,
+//! and the trusted documents a locked-down deployment runs, registered ahead of time in SQL.
+
+mod service;
+
+pub use service::{
+    DocumentStore, PersistedMode, RegisteredDocument, add_trusted, is_sha256_hex, list_trusted,
+    remove_trusted, sha256_hex,
+};

@@ -1,0 +1,178 @@
+//! Persisted documents at the door: a request that names its document by hash gets the text, in
+//! APQ mode from what any process registered, in trusted mode only from the registered documents.
+//! See [`crate::documents`].
+
+use std::sync::{Arc, Mutex};
+
+use async_graphql::extensions::{
+    Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest, NextRequest,
+};
+use async_graphql::{Request, Response, ServerError, ServerResult};
+
+use crate::documents::{DocumentStore, PersistedMode, is_sha256_hex, sha256_hex};
+use crate::error::AppError;
+
+pub struct PersistedDocuments {
+    store: DocumentStore,
+}
+
+impl PersistedDocuments {
+    pub fn new(store: DocumentStore) -> Self {
+        Self { store }
+    }
+}
+
+impl ExtensionFactory for PersistedDocuments {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(PersistedDocumentsExtension {
+            store: self.store.clone(),
+            to_register: Mutex::new(None),
+        })
+    }
+}
+
+struct PersistedDocumentsExtension {
+    store: DocumentStore,
+    /// A hash and document sent together in APQ mode, registered once the document has run: a
+    /// document that does not even validate is not worth keeping for anyone.
+    to_register: Mutex<Option<(String, String)>>,
+}
+
+/// The error Apollo clients recognise (by message and by code) to send the full document.
+fn not_found() -> ServerError {
+    coded("PersistedQueryNotFound", "PERSISTED_QUERY_NOT_FOUND")
+}
+
+fn coded(message: &str, code: &str) -> ServerError {
+    let mut error = ServerError::new(message, None);
+    error
+        .extensions
+        .get_or_insert_with(Default::default)
+        .set("code", code);
+    error
+}
+
+fn bad_input(message: String) -> ServerError {
+    let mut error = ServerError::new(message, None);
+    error
+        .extensions
+        .get_or_insert_with(Default::default)
+        .set("code", AppError::bad_input("extensions", "").code());
+    error
+}
+
+/// The `sha256Hash` of the request's `extensions.persistedQuery`, if it has one.
+fn requested_hash(request: &Request) -> ServerResult<Option<String>> {
+    let Some(persisted) = request.extensions.get("persistedQuery") else {
+        return Ok(None);
+    };
+    let persisted = persisted.clone().into_json().unwrap_or_default();
+    if persisted.get("version").and_then(|v| v.as_i64()) != Some(1) {
+        return Err(bad_input(
+            "extensions.persistedQuery.version must be 1".to_owned(),
+        ));
+    }
+    match persisted.get("sha256Hash").and_then(|hash| hash.as_str()) {
+        Some(hash) if is_sha256_hex(hash) => Ok(Some(hash.to_ascii_lowercase())),
+        _ => Err(bad_input(
+            "extensions.persistedQuery.sha256Hash must be 64 hex digits".to_owned(),
+        )),
+    }
+}
+
+fn unavailable(err: AppError) -> ServerError {
+    let mut error = ServerError::new(err.to_string(), None);
+    error
+        .extensions
+        .get_or_insert_with(Default::default)
+        .set("code", err.code());
+    if err.code() != "BAD_USER_INPUT" {
+        tracing::warn!(error = %err, "persisted document lookup failed");
+        error.message = "a backing service is unavailable; retry shortly".to_owned();
+    }
+    error
+}
+
+impl PersistedDocumentsExtension {
+    async fn apq(&self, request: &mut Request, hash: Option<String>) -> ServerResult<()> {
+        let Some(hash) = hash else { return Ok(()) };
+        if request.query.is_empty() {
+            let document = self.store.persisted(&hash).await.map_err(unavailable)?;
+            request.query = document.ok_or_else(not_found)?;
+            return Ok(());
+        }
+        let actual = sha256_hex(&request.query);
+        if actual != hash {
+            return Err(bad_input(format!(
+                "the document's SHA-256 is {actual}, not the sha256Hash sent"
+            )));
+        }
+        *self.to_register.lock().expect("lock poisoned") = Some((hash, request.query.clone()));
+        Ok(())
+    }
+
+    async fn trusted(&self, request: &mut Request, hash: Option<String>) -> ServerResult<()> {
+        let hash = match hash {
+            Some(hash) if request.query.is_empty() || sha256_hex(&request.query) == hash => hash,
+            Some(_) => {
+                return Err(bad_input(
+                    "the document's SHA-256 is not the sha256Hash sent".to_owned(),
+                ));
+            }
+            None => sha256_hex(&request.query),
+        };
+        match self.store.trusted(&hash).await.map_err(unavailable)? {
+            Some(document) => {
+                request.query = document.to_string();
+                Ok(())
+            }
+            None => Err(coded(
+                &format!(
+                    "this server runs only registered documents, and none has the SHA-256 {hash}"
+                ),
+                "DOCUMENT_NOT_TRUSTED",
+            )),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Extension for PersistedDocumentsExtension {
+    async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
+        let response = next.run(ctx).await;
+        let registration = self.to_register.lock().expect("lock poisoned").take();
+        let ran = response.errors.iter().all(|error| !error.path.is_empty());
+        if let Some((hash, document)) = registration.filter(|_| ran) {
+            // A client that registers gets its answer either way; a failure here only means the
+            // next hash-only request asks for the full document again.
+            if let Err(err) = self.store.persist(&hash, &document).await {
+                tracing::warn!(error = %err, "persisted query not registered");
+            }
+        }
+        response
+    }
+
+    async fn prepare_request(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        mut request: Request,
+        next: NextPrepareRequest<'_>,
+    ) -> ServerResult<Request> {
+        let hash = requested_hash(&request)?;
+        match self.store.mode() {
+            PersistedMode::Apq => self.apq(&mut request, hash).await?,
+            PersistedMode::Trusted => self.trusted(&mut request, hash).await?,
+            PersistedMode::Off if hash.is_some() => {
+                return Err(coded(
+                    "PersistedQueryNotSupported",
+                    "PERSISTED_QUERY_NOT_SUPPORTED",
+                ));
+            }
+            PersistedMode::Off => {}
+        }
+        if request.query.trim().is_empty() {
+            return Err(bad_input("the request has no `query`".to_owned()));
+        }
+        next.run(ctx, request).await
+    }
+}
