@@ -154,6 +154,7 @@ impl AccountsQuery {
         }
     }
 
+    #[graphql(cache_control(max_age = 5))]
     async fn user(&self, ctx: &Context<'_>, handle: String) -> async_graphql::Result<Option<User>> {
         let Ok(handle) = super::service::Handle::parse(&handle) else {
             return Ok(None);

@@ -162,13 +162,17 @@ pub struct ArticlesQuery;
 
 #[Object]
 impl ArticlesQuery {
+    #[graphql(cache_control(max_age = 5))]
     async fn article(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Option<Article>> {
         let id = ids::decode(&id, NodeType::Article, "id").gql()?;
         load_article(ctx, id).await
     }
 
     /// All articles (or one author's), newest first.
-    #[graphql(complexity = "connection_complexity(child_complexity, first)")]
+    #[graphql(
+        complexity = "connection_complexity(child_complexity, first)",
+        cache_control(max_age = 5)
+    )]
     async fn articles(
         &self,
         ctx: &Context<'_>,

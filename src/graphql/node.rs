@@ -57,6 +57,7 @@ pub struct NodeQuery;
 #[Object]
 impl NodeQuery {
     /// Resolves any global id; null when nothing has it.
+    #[graphql(cache_control(max_age = 5))]
     async fn node(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Option<Node>> {
         Ok(match ids::decode_any(&id, "id").gql()? {
             (NodeType::User, id) => load_user(ctx, id).await?.map(Node::User),

@@ -126,6 +126,7 @@ pub struct ViewsQuery;
 #[Object]
 impl ViewsQuery {
     /// Real-time ranking of articles.
+    #[graphql(cache_control(max_age = 5))]
     async fn top_articles(
         &self,
         ctx: &Context<'_>,

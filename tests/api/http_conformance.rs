@@ -279,3 +279,32 @@ async fn get_answers_for_a_signed_in_viewer_are_never_cached() {
     assert_eq!(answer.body["data"]["viewer"]["handle"], "cache_me_not");
     assert_eq!(answer.headers[CACHE_CONTROL], "private, no-store");
 }
+
+#[tokio::test]
+async fn anonymous_gets_of_public_reads_may_be_cached_briefly_and_errors_not_at_all() {
+    let app = TestApp::spawn().await;
+    let public = get(
+        &app,
+        None,
+        &[(
+            "query",
+            "{ articles(first: 1) { edges { cursor } } topArticles { score } }",
+        )],
+    )
+    .await;
+    assert_eq!(public.status, StatusCode::OK, "{}", public.body);
+    assert_eq!(public.headers[CACHE_CONTROL], "max-age=5");
+
+    let failed = get(
+        &app,
+        None,
+        &[("query", "{ article(id: \"not-an-id\") { id } }")],
+    )
+    .await;
+    assert!(
+        failed.headers.get(CACHE_CONTROL).is_none(),
+        "an error is not cached"
+    );
+    let unhinted = get(&app, None, &[("query", "{ __typename }")]).await;
+    assert!(unhinted.headers.get(CACHE_CONTROL).is_none());
+}
