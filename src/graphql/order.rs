@@ -282,7 +282,7 @@ impl<'a> Walk<'a> {
         let mut unordered = std::mem::take(object);
         object.reserve(unordered.len());
         for (key, fields) in &collected {
-            if let Some((name, mut value)) = unordered.shift_remove_entry(*key) {
+            if let Some((name, mut value)) = unordered.swap_remove_entry(*key) {
                 if !fields.selections.is_empty() {
                     self.value(fields.field_type, &fields.selections, &mut value);
                 }
