@@ -7,7 +7,7 @@
 -- against each other's limits. Every key shares the poll's hash tag.
 --
 -- KEYS[1]          the poll's closed flag (set: every ballot is refused)
--- KEYS[2]          the poll's vote sequence
+-- KEYS[2]          the poll's vote sequence (grows by one per vote, never below the time in µs)
 -- KEYS[3]          the poll's participants HyperLogLog
 -- KEYS[4]          the shard's archive stream
 -- KEYS[5..4+B]     the B boards the call moves (period bucket × REAL/DISPLAY × current/next)
@@ -85,10 +85,13 @@ for i = 1, ballots do
     end
     redis.call('PFADD', KEYS[3], voter)
     redis.call('PFADD', option_hll, voter)
-    local seq = redis.call('INCR', KEYS[2])
+    -- One more than the last, and never below the vote's time in microseconds: after a restart
+    -- from an older snapshot the sequence still grows past what the vote log has seen.
+    local seq = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, tonumber(now) * 1000)
+    redis.call('SET', KEYS[2], string.format('%d', seq))
     redis.call('XADD', KEYS[4], '*',
       'event', prefix .. ':' .. i, 'poll', ARGV[6], 'option', option, 'voter', voter,
-      'seq', seq, 'at', now, 'bonus', bonus, 'carry', ARGV[9], 'periods', ARGV[7], 'tz', ARGV[8],
+      'seq', string.format('%d', seq), 'at', now, 'bonus', bonus, 'carry', ARGV[9], 'periods', ARGV[7], 'tz', ARGV[8],
       'channel', ARGV[4], 'device', ARGV[5])
     accepted_any = true
     out[#out + 1] = 1

@@ -39,6 +39,12 @@ pub enum Script {
     /// relation comes as SQL's "not liked", so a call changes state unless a like by the same
     /// random user came before: with a keyspace far above the call count, nearly all do.
     LikeSet { relation_ttl: Duration },
+    /// `vote_cast.lua`, one ballot for the poll's first option by a random voter, built by the
+    /// server's own call builder; the poll keeps its buckets for `retention`.
+    VoteCast {
+        poll: Box<pulse::votes::config::PollConfig>,
+        retention: Duration,
+    },
 }
 
 /// One script's EVALSHA call as redis-benchmark sends it, and where its effect is counted.
@@ -46,8 +52,8 @@ struct Call {
     sha: String,
     /// `numkeys`, the keys and the arguments.
     args: Vec<String>,
-    /// Hash and field that sum up the calls that did the work (views counted, likes changed).
-    counted: (String, String),
+    /// Reads how many calls did the work (views counted, likes changed, votes accepted).
+    counted: redis::Cmd,
 }
 
 #[derive(Debug)]
@@ -83,6 +89,10 @@ async fn run(
     let call = match plan.script {
         Script::RecordView { window } => record_view_call(&keys, conn, window, now).await?,
         Script::LikeSet { relation_ttl } => like_set_call(&keys, conn, relation_ttl, now).await?,
+        Script::VoteCast {
+            ref poll,
+            retention,
+        } => vote_cast_call(&keys, conn, poll, retention, now).await?,
     };
     let mut args = redis_util::benchmark_target_args(client.get_connection_info())?;
     args.extend([
@@ -115,12 +125,7 @@ async fn run(
     let (calls_per_second, p50_ms, p99_ms) = parse_csv(&stdout)
         .with_context(|| format!("cannot parse redis-benchmark's output: {stdout}"))?;
 
-    let (counted_key, counted_field) = call.counted;
-    let counted: Option<u64> = redis::cmd("HGET")
-        .arg(counted_key)
-        .arg(counted_field)
-        .query_async(conn)
-        .await?;
+    let counted: Option<u64> = call.counted.query_async(conn).await?;
     Ok(Ceiling {
         calls_per_second,
         p50_ms,
@@ -171,7 +176,7 @@ async fn record_view_call(
             String::new(),
             keys.article_stats_channel(ARTICLE),
         ],
-        counted: (shard.pending(), ARTICLE.to_string()),
+        counted: hget(shard.pending(), ARTICLE.to_string()),
     })
 }
 
@@ -222,8 +227,52 @@ async fn like_set_call(
             ARTICLE.to_string(),
             keys.article_stats_channel(ARTICLE),
         ],
-        counted: (shard.pending(), field),
+        counted: hget(shard.pending(), field),
     })
+}
+
+/// One ballot, exactly as `VoteService` calls the script, with the voter (and so its rate-limit
+/// counters and participant entries) and the event id drawn at random for every call.
+async fn vote_cast_call(
+    keys: &Keys,
+    conn: &mut redis::aio::MultiplexedConnection,
+    poll: &pulse::votes::config::PollConfig,
+    retention: Duration,
+    now: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<Call> {
+    use pulse::votes::service::{Ballot, CastCall, Origin, vote_cast_call};
+    let option = poll
+        .options
+        .first()
+        .context("the ceiling's poll has no option")?;
+    let ballots = [Ballot {
+        poll: poll.id,
+        option: option.id,
+    }];
+    let call = vote_cast_call(&CastCall {
+        keys,
+        config: poll,
+        voter: RANDOM,
+        ip: "127.0.0.1",
+        ballots: &ballots,
+        origin: &Origin::default(),
+        now,
+        retention,
+        event_prefix: RANDOM,
+    });
+    let sha = load_script(&Scripts::load().vote_cast, conn, "vote_cast.lua").await?;
+    let mut args = vec![call.keys.len().to_string()];
+    args.extend(call.keys);
+    args.extend(call.args);
+    let mut counted = redis::cmd("GET");
+    counted.arg(keys.poll(poll.id).seq());
+    Ok(Call { sha, args, counted })
+}
+
+fn hget(key: String, field: String) -> redis::Cmd {
+    let mut cmd = redis::cmd("HGET");
+    cmd.arg(key).arg(field);
+    cmd
 }
 
 /// `key` with its trailing `sample` (a viewer, a user) swapped for redis-benchmark's placeholder.

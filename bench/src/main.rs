@@ -10,11 +10,16 @@
 //!   for the archive, written exactly as the scripts do.
 //! - `fuzz`: generated, hostile and mutated GraphQL requests over HTTP and websockets against a
 //!   real `pulse` process, for a bounded time; fails on an exit, a 5xx or an uncoded error.
+//! - `cast-votes`: HTTP `castVotes` throughput and latency on a poll with 5 periods, HLLs and 3
+//!   rules, next to a `redis-benchmark` ceiling of the vote script; checked for exact counts.
+//! - `leaderboard-read`: the top 10 with standings at a fixed rate; p50/p99 latency.
 
+mod cast_votes;
 mod ceiling;
 mod database;
 mod dedup_memory;
 mod fuzz;
+mod leaderboard_read;
 mod like_memory;
 mod like_toggle;
 mod load;
@@ -58,6 +63,41 @@ enum Command {
     /// HTTP and websockets; fail on an exit, a 5xx, an uncoded error, a slow answer or too much
     /// memory.
     Fuzz(FuzzArgs),
+    /// Drive `castVotes` over HTTP (5 periods, carry-over, HLLs, 3 rules) against a freshly
+    /// started server; compare with the redis-benchmark ceiling of the same script; check that
+    /// the REAL all-time board counts every accepted ballot.
+    CastVotes(CastVotesArgs),
+    /// Read the top 10 of a board with every standing's option ahead and previous period at a
+    /// fixed rate; report p50/p99 latency.
+    LeaderboardRead(LeaderboardReadArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CastVotesArgs {
+    #[command(flatten)]
+    pub load: HttpLoadArgs,
+    /// Voters signed up; each ballot is by one of them at random.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub users: u32,
+    /// Options of the poll; each ballot is for one of them at random.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub options: u32,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LeaderboardReadArgs {
+    #[command(flatten)]
+    pub load: HttpLoadArgs,
+    /// Options of the poll.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub options: u32,
+    /// Open-loop target in reads/s over all clients.
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// Flags of the scenarios that load a server over HTTP.
@@ -190,6 +230,8 @@ fn main() -> anyhow::Result<()> {
             Command::DedupMemory(args) => dedup_memory::run(args).await,
             Command::LikeMemory(args) => like_memory::run(args).await,
             Command::Fuzz(args) => fuzz::run(args).await,
+            Command::CastVotes(args) => cast_votes::run(args).await,
+            Command::LeaderboardRead(args) => leaderboard_read::run(args).await,
         }
     })
 }

@@ -49,7 +49,12 @@ pub struct JobSpec {
 
 impl JobSpec {
     pub(crate) fn keys(self, redis: &Redis, shard: u32) -> JobShardKeys<'_> {
-        redis.keys.job_shard(self.name, self.tag, shard)
+        self.keys_in(&redis.keys, shard)
+    }
+
+    /// Shard `shard`'s keys under `keys`' prefix.
+    pub fn keys_in(self, keys: &crate::redis::Keys, shard: u32) -> JobShardKeys<'_> {
+        keys.job_shard(self.name, self.tag, shard)
     }
 }
 

@@ -279,79 +279,23 @@ impl VoteService {
         if let Some(reason) = config.closed_reason(now) {
             return Ok(refuse_all(reason));
         }
-        let keys = self.redis.keys.poll(config.id);
-        let targets = targets(
-            &config.periods,
-            config.carry_over,
-            config.zone,
+        let call = vote_cast_call(&CastCall {
+            keys: &self.redis.keys,
+            config,
+            voter: &voter.to_string(),
+            ip: &ip.to_string(),
+            ballots,
+            origin,
             now,
-            self.retention,
-        );
-        let applicable = rules::applicable(
-            &config.rules,
-            origin.channel.as_deref(),
-            origin.device.as_deref(),
-        );
-        let stream = super::archive::SPEC
-            .keys(&self.redis, keys.shard())
-            .stream();
+            retention: self.retention,
+            event_prefix: &format!("{:032x}", rand::random::<u128>()),
+        });
         let mut invocation = self.redis.scripts.vote_cast.prepare_invoke();
-        invocation
-            .key(keys.closed())
-            .key(keys.seq())
-            .key(keys.participants())
-            .key(stream);
-        for target in &targets {
-            invocation.key(keys.board(target.board.tag(), &target.bucket));
+        for key in &call.keys {
+            invocation.key(key);
         }
-        invocation
-            .arg(now.timestamp_millis())
-            .arg(voter)
-            .arg(format!("{:032x}", rand::random::<u128>()))
-            .arg(origin.channel.as_deref().unwrap_or(""))
-            .arg(origin.device.as_deref().unwrap_or(""))
-            .arg(config.id)
-            .arg(Period::join(&config.periods))
-            .arg(config.zone.name())
-            .arg(config.carry_over.to_string())
-            .arg(keys.votes_channel())
-            .arg(targets.len())
-            .arg(ballots.len());
-        for target in &targets {
-            invocation.arg(target.expire_at.unwrap_or(0));
-        }
-        for ballot in ballots {
-            let option = config
-                .option(ballot.option)
-                .expect("options were checked before the call");
-            invocation
-                .key(keys.option_participants(option.id))
-                .arg(option.id)
-                .arg(option.bonus)
-                .arg(applicable.len());
-            for target in &targets {
-                invocation.arg(increment_of(target, option.bonus, config.carry_over).to_string());
-            }
-            for &(index, rule) in &applicable {
-                let subject = match rule.scope {
-                    LimitScope::Voter => voter.to_string(),
-                    LimitScope::Ip => ip.to_string(),
-                    LimitScope::Option => option.id.to_string(),
-                };
-                let (window, end) = rule.window.current(now, config.zone);
-                let end = end.or(config.ends_at);
-                let left_ms = end.map(|end| (end - now).num_milliseconds().max(1));
-                let retry_after = match rule.window {
-                    rules::LimitWindow::Poll => -1,
-                    _ => left_ms.map_or(-1, |ms| (ms + 999) / 1000),
-                };
-                invocation
-                    .key(keys.limit_counter(&rule.counter_name(), &subject, &window))
-                    .arg(rule.limit)
-                    .arg(left_ms.map_or(0, |ms| ms + 1_000))
-                    .arg(retry_after)
-                    .arg(index);
-            }
+        for arg in &call.args {
+            invocation.arg(arg);
         }
         let mut conn = self.redis.conn.clone();
         let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
@@ -441,6 +385,116 @@ impl VoteService {
         let mut conn = self.redis.conn.clone();
         let counts: Vec<i64> = pipe.query_async(&mut conn).await?;
         Ok(whose.iter().copied().zip(counts).collect())
+    }
+}
+
+/// What one call of `lua/vote_cast.lua` is made of.
+pub struct CastCall<'a> {
+    pub keys: &'a crate::redis::Keys,
+    pub config: &'a PollConfig,
+    /// The voter's user id as the script records it (the load tool's ceiling passes a
+    /// placeholder).
+    pub voter: &'a str,
+    pub ip: &'a str,
+    /// Ballots of `config`'s poll, with options of it.
+    pub ballots: &'a [Ballot],
+    pub origin: &'a Origin,
+    pub now: DateTime<Utc>,
+    pub retention: Duration,
+    pub event_prefix: &'a str,
+}
+
+/// The script's KEYS and ARGV for a call; see the header of `lua/vote_cast.lua`.
+pub struct ScriptCall {
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+/// Builds the vote script's call: shared by the service and the load tool's same-run ceiling,
+/// so both run the very same work.
+pub fn vote_cast_call(call: &CastCall<'_>) -> ScriptCall {
+    let config = call.config;
+    let keys = call.keys.poll(config.id);
+    let targets = targets(
+        &config.periods,
+        config.carry_over,
+        config.zone,
+        call.now,
+        call.retention,
+    );
+    let applicable = rules::applicable(
+        &config.rules,
+        call.origin.channel.as_deref(),
+        call.origin.device.as_deref(),
+    );
+    let stream = super::archive::SPEC
+        .keys_in(call.keys, keys.shard())
+        .stream();
+    let mut script_keys = vec![keys.closed(), keys.seq(), keys.participants(), stream];
+    script_keys.extend(
+        targets
+            .iter()
+            .map(|target| keys.board(target.board.tag(), &target.bucket)),
+    );
+    let mut args: Vec<String> = vec![
+        call.now.timestamp_millis().to_string(),
+        call.voter.to_owned(),
+        call.event_prefix.to_owned(),
+        call.origin.channel.clone().unwrap_or_default(),
+        call.origin.device.clone().unwrap_or_default(),
+        config.id.to_string(),
+        Period::join(&config.periods),
+        config.zone.name().to_owned(),
+        config.carry_over.to_string(),
+        keys.votes_channel(),
+        targets.len().to_string(),
+        call.ballots.len().to_string(),
+    ];
+    args.extend(
+        targets
+            .iter()
+            .map(|target| target.expire_at.unwrap_or(0).to_string()),
+    );
+    for ballot in call.ballots {
+        let option = config
+            .option(ballot.option)
+            .expect("options are checked before a call is built");
+        script_keys.push(keys.option_participants(option.id));
+        args.extend([
+            option.id.to_string(),
+            option.bonus.to_string(),
+            applicable.len().to_string(),
+        ]);
+        args.extend(
+            targets
+                .iter()
+                .map(|target| increment_of(target, option.bonus, config.carry_over).to_string()),
+        );
+        for &(index, rule) in &applicable {
+            let subject = match rule.scope {
+                LimitScope::Voter => call.voter.to_owned(),
+                LimitScope::Ip => call.ip.to_owned(),
+                LimitScope::Option => option.id.to_string(),
+            };
+            let (window, end) = rule.window.current(call.now, config.zone);
+            let end = end.or(config.ends_at);
+            let left_ms = end.map(|end| (end - call.now).num_milliseconds().max(1));
+            let retry_after = match rule.window {
+                rules::LimitWindow::Poll => -1,
+                _ => left_ms.map_or(-1, |ms| (ms + 999) / 1000),
+            };
+            script_keys.push(keys.limit_counter(&rule.counter_name(), &subject, &window));
+            args.extend([
+                rule.limit.to_string(),
+                left_ms.map_or(0, |ms| ms + 1_000).to_string(),
+                retry_after.to_string(),
+                index.to_string(),
+            ]);
+        }
+    }
+    ScriptCall {
+        keys: script_keys,
+        args,
     }
 }
 

@@ -33,8 +33,9 @@ async fn five_hundred_concurrent_voters_get_exactly_the_per_option_and_per_voter
         row(&options[1], NodeType::PollOption),
     );
     let voters = users(&app, 500).await;
-    // One instant for every ballot: the test never straddles a window boundary.
-    let at = Utc::now();
+    // One instant for every ballot, at the start of its minute: the test never straddles a window
+    // boundary, and the counters' time-to-live (from that instant to the window's end) outlasts it.
+    let at = start_of_minute();
     let cast = |user: i64, option: i64| {
         let app = app.clone();
         tokio::spawn(async move {
@@ -131,7 +132,7 @@ async fn a_partner_channel_grants_extra_votes_and_a_second_device_counts_apart()
     )
     .await;
     let voters = users(&app, 2).await;
-    let at = Utc::now();
+    let at = start_of_minute();
     let accepted = |outcomes: Vec<pulse::votes::service::BallotOutcome>| {
         outcomes.iter().filter(|o| o.rejection.is_none()).count()
     };
@@ -228,6 +229,10 @@ async fn a_refused_ballot_changes_no_board_counter_hll_sequence_or_log() {
         Some(Rejection::RateLimited { .. })
     ));
     assert_eq!(everything_under_the_prefix(&app).await, before);
+}
+
+fn start_of_minute() -> chrono::DateTime<Utc> {
+    chrono::DurationRound::duration_trunc(Utc::now(), chrono::TimeDelta::minutes(1)).unwrap()
 }
 
 /// Every key under the app's prefix with a dump of its value.

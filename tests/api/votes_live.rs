@@ -165,8 +165,8 @@ async fn a_thousand_votes_a_second_and_200_subscribers_cost_one_board_read_per_t
     let reads = votes.board_reads() - reads_before;
     let ticks = (elapsed + tick * 3).as_millis() / tick.as_millis();
     assert!(sent >= 2_700, "only {sent} votes were cast");
-    // At most one read per tick; at least a couple, or nothing was watched. A busy machine runs
-    // fewer ticks than the clock allows, so the lower bound is not a fraction of the ticks.
+    // At most one read per tick (plus the first read and the one after the subscription settles),
+    // and some: the final check below needs the last votes read.
     assert!(
         (2..=ticks as u64 + 2).contains(&reads),
         "{reads} board reads in {ticks} ticks for {sent} votes"
