@@ -46,6 +46,18 @@ pub enum Command {
         #[command(subcommand)]
         action: JobsAction,
     },
+    /// Upkeep of the follow feed's Redis keys.
+    Feed {
+        #[command(subcommand)]
+        action: FeedAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FeedAction {
+    /// Remove feed keys nothing will read again: those of deleted users, and what crashed
+    /// rebuilds and expired inboxes left behind.
+    Vacuum,
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,6 +75,8 @@ pub enum RebuildTarget {
     /// Like counts and the all-time like ranking from SQL plus the changes not archived yet; the
     /// relation cache is dropped, to be read again from SQL as needed.
     Likes,
+    /// Every cached feed outbox, reloaded from SQL (inboxes rebuild on their next read).
+    Feed,
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,6 +7,7 @@ mod crash;
 mod feed;
 mod feed_fanout;
 mod feed_live;
+mod feed_upkeep;
 mod follows;
 mod helpers;
 mod jobs;
