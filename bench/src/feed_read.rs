@@ -160,13 +160,14 @@ impl FeedFixture {
         Ok(all.len())
     }
 
-    /// Makes `users` active: their inboxes exist (the anchor member only), as after a read.
+    /// Makes `users` active as a read does: marked active, their inboxes exist (the anchor only).
     pub async fn activate(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
         keys: &pulse::redis::Keys,
         users: &[i64],
     ) -> anyhow::Result<()> {
+        let now = chrono::Utc::now().timestamp_millis();
         for chunk in users.chunks(1000) {
             let mut pipe = redis::pipe();
             for &user in chunk {
@@ -174,6 +175,8 @@ impl FeedFixture {
                 pipe.zadd(&inbox, 0, 0)
                     .ignore()
                     .expire(&inbox, 86_400)
+                    .ignore()
+                    .zadd(keys.feed_active(), user, now)
                     .ignore();
             }
             let () = pipe.query_async(conn).await?;

@@ -56,7 +56,8 @@ pub struct Vacuumed {
 }
 
 /// Removes the feed keys nothing will use again: those of deleted users, a rebuild's building
-/// key whose lock has expired (the rebuild died), a "no more" sentinel whose inbox has expired.
+/// key whose lock has expired (the rebuild died), a "no more" sentinel whose inbox has expired;
+/// and drops users inactive for longer than the inbox TTL from the active set.
 pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
     let keys = feed_keys(store).await?;
     let ids: Vec<i64> = keys.keys().copied().collect();
@@ -94,6 +95,13 @@ pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
         }
         let () = pipe.query_async(&mut conn).await?;
     }
+    let since = chrono::Utc::now().timestamp_millis() - store.settings.inbox_ttl.as_millis() as i64;
+    let _: u64 = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(store.redis.keys.feed_active())
+        .arg("-inf")
+        .arg(format!("({since}"))
+        .query_async(&mut conn)
+        .await?;
     metrics::counter!("pulse_feed_vacuumed_keys_total")
         .increment((report.of_deleted_users + report.leftovers) as u64);
     Ok(report)
