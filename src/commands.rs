@@ -5,7 +5,9 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
 use crate::accounts::service::{Handle, find_by_handle, insert_user, set_admin};
 use crate::app::Backends;
 use crate::articles::service::insert_article;
-use crate::config::{AdminAction, Command, Config, DocumentsAction, JobsAction, RebuildTarget};
+use crate::config::{
+    AdminAction, Command, Config, DocumentsAction, FeedAction, JobsAction, RebuildTarget,
+};
 use crate::entities::articles;
 
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
@@ -31,6 +33,12 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
         Command::Rebuild {
             target: RebuildTarget::Votes,
         } => rebuild_votes(&backends, config.vote_bucket_retention).await,
+        Command::Rebuild {
+            target: RebuildTarget::Feed,
+        } => rebuild_feed(&backends, &config).await,
+        Command::Feed {
+            action: FeedAction::Vacuum,
+        } => vacuum_feed(&backends, &config).await,
         Command::Serve | Command::PrintSchema => unreachable!("handled by main"),
     };
     backends.close().await;
@@ -92,6 +100,29 @@ async fn rebuild_votes(backends: &Backends, retention: std::time::Duration) -> a
     println!(
         "rebuilt the boards and participant counts of {} polls from {} logged votes",
         rebuilt.polls, rebuilt.votes
+    );
+    Ok(())
+}
+
+fn feed_store(backends: &Backends, config: &Config) -> crate::feed::FeedStore {
+    crate::feed::FeedStore::new(
+        backends.db.clone(),
+        backends.redis.clone(),
+        crate::feed::FeedSettings::from_config(config),
+    )
+}
+
+async fn rebuild_feed(backends: &Backends, config: &Config) -> anyhow::Result<()> {
+    let outboxes = crate::feed::upkeep::rebuild_outboxes(&feed_store(backends, config)).await?;
+    println!("reloaded {outboxes} feed outboxes from SQL; inboxes rebuild on their next read");
+    Ok(())
+}
+
+async fn vacuum_feed(backends: &Backends, config: &Config) -> anyhow::Result<()> {
+    let removed = crate::feed::upkeep::vacuum(&feed_store(backends, config)).await?;
+    println!(
+        "removed {} feed keys of deleted users and {} left by crashed rebuilds or expired inboxes",
+        removed.of_deleted_users, removed.leftovers
     );
     Ok(())
 }

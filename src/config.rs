@@ -53,6 +53,11 @@ pub enum Command {
         #[command(subcommand)]
         action: DocumentsAction,
     },
+    /// Upkeep of the follow feed's Redis keys.
+    Feed {
+        #[command(subcommand)]
+        action: FeedAction,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,6 +74,13 @@ pub enum DocumentsAction {
     List,
     /// Unregister a document by its SHA-256.
     Remove { sha256: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FeedAction {
+    /// Remove feed keys nothing will read again: those of deleted users, and what crashed
+    /// rebuilds and expired inboxes left behind.
+    Vacuum,
 }
 
 #[derive(Debug, Subcommand)]
@@ -89,6 +101,8 @@ pub enum RebuildTarget {
     /// Every poll's boards, participant counts, vote sequence and closed flag, from the SQL vote
     /// log and the poll configuration.
     Votes,
+    /// Every cached feed outbox, reloaded from SQL (inboxes rebuild on their next read).
+    Feed,
 }
 
 #[derive(Debug, Subcommand)]

@@ -296,7 +296,7 @@ async fn load_script(
 /// `(rps, p50 ms, p99 ms)` from `--csv` output. The columns are `"test","rps","avg_latency_ms",
 /// "min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"`; the
 /// test name is the command line and may hold commas, so fields are counted from the end.
-fn parse_csv(output: &str) -> Option<(f64, f64, f64)> {
+pub(crate) fn parse_csv(output: &str) -> Option<(f64, f64, f64)> {
     let line = output
         .lines()
         .rev()
@@ -314,7 +314,7 @@ fn parse_csv(output: &str) -> Option<(f64, f64, f64)> {
 }
 
 /// `program args…` as one POSIX shell line, with the password after `-a` hidden.
-fn shell_line(program: &str, args: &[String]) -> String {
+pub(crate) fn shell_line(program: &str, args: &[String]) -> String {
     let mut words = vec![program.to_owned()];
     let mut hide_next = false;
     for arg in args {

@@ -8,6 +8,9 @@
 //! - `dedup-memory`: Redis bytes per dedup ("seen") marker, written exactly as the script does.
 //! - `like-memory`: Redis bytes per cached like relation, per like counter and per change waiting
 //!   for the archive, written exactly as the scripts do.
+//! - `feed-read`: `feed(first: 20)` with hydrated items over HTTP at a target rate, next to the
+//!   redis-benchmark ceiling of the inbox read script.
+//! - `publish-fanout`: publish latency for 10 to 100,000 followers and the fan-out's inbox writes/s.
 //! - `fuzz`: generated, hostile and mutated GraphQL requests over HTTP and websockets against a
 //!   real `pulse` process, for a bounded time; fails on an exit, a 5xx or an uncoded error.
 //! - `cast-votes`: HTTP `castVotes` throughput and latency on a poll with 5 periods, HLLs and 3
@@ -18,12 +21,14 @@ mod cast_votes;
 mod ceiling;
 mod database;
 mod dedup_memory;
+mod feed_read;
 mod fuzz;
 mod leaderboard_read;
 mod like_memory;
 mod like_toggle;
 mod load;
 mod proc_stats;
+mod publish_fanout;
 mod record_view;
 mod redis_util;
 mod report;
@@ -70,6 +75,12 @@ enum Command {
     /// Read the top 10 of a board with every standing's option ahead and previous period at a
     /// fixed rate; report p50/p99 latency.
     LeaderboardRead(LeaderboardReadArgs),
+    /// Read `feed(first: 20)` with hydrated items over HTTP at a target rate against a freshly
+    /// started server; compare with the redis-benchmark ceiling of the inbox read script.
+    FeedRead(FeedReadArgs),
+    /// Publish as authors with 10 to 100,000 followers (a tenth active): publish latency per size
+    /// and the fan-out's inbox writes per second, checked for exact write counts.
+    PublishFanout(PublishFanoutArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -96,6 +107,50 @@ pub struct LeaderboardReadArgs {
     /// Open-loop target in reads/s over all clients.
     #[arg(long, default_value_t = 1000.0)]
     pub rate: f64,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FeedReadArgs {
+    #[command(flatten)]
+    pub load: HttpLoadArgs,
+    /// Open-loop target in reads/s over all clients.
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    /// Readers (signed-in users reading their feeds, picked at random).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub readers: u32,
+    /// Authors.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub authors: u32,
+    /// Authors each reader follows.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub follows: u32,
+    /// Articles per author.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub articles_per_author: u32,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PublishFanoutArgs {
+    /// The pulse binary to start (`<server-bin> serve`).
+    #[arg(long, default_value = "target/release/pulse")]
+    pub server_bin: PathBuf,
+    /// The largest follower count measured (of 10, 1,000, 10,000 and 100,000).
+    #[arg(long, default_value_t = 100_000)]
+    pub max_followers: u32,
+    /// Publishes timed per follower count.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub publishes: u32,
+    /// Articles published back to back by the largest author to time the fan-out.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub burst: u32,
+    /// `PULSE_FEED_FANOUT_CHUNK` of the server.
+    #[arg(long, default_value_t = 1000)]
+    pub chunk: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -232,6 +287,8 @@ fn main() -> anyhow::Result<()> {
             Command::Fuzz(args) => fuzz::run(args).await,
             Command::CastVotes(args) => cast_votes::run(args).await,
             Command::LeaderboardRead(args) => leaderboard_read::run(args).await,
+            Command::FeedRead(args) => feed_read::run(args).await,
+            Command::PublishFanout(args) => publish_fanout::run(args).await,
         }
     })
 }

@@ -1,6 +1,6 @@
 //! The feed-fanout job: one entry per chunk of an author's followers (by follower id range).
-//! Pushes the article into the inboxes of the chunk's followers that are active (their inbox
-//! exists), announcing it to those online. A worker killed mid-chunk leaves the entry
+//! Pushes the article into the inboxes of the chunk's followers that are active (they read their
+//! feed within the inbox TTL, and their inbox exists), announcing it to those online. A worker killed mid-chunk leaves the entry
 //! unacknowledged; whoever takes it over redoes this chunk only, and the writes already made are
 //! no-ops the second time.
 
@@ -44,7 +44,10 @@ impl Job for Fanout {
                 .filter(follows::Column::FollowerId.lte(number("through")?));
             let followers: Vec<i64> =
                 retry_once(|| query.clone().into_tuple().all(&self.0.db)).await?;
-            self.0.deliver(article, &followers, true).await?;
+            // Most followers are inactive: one command finds the active ones, and only those cost
+            // a script call.
+            let active = self.0.active_among(&followers).await?;
+            self.0.deliver(article, &active, true).await?;
         }
         Ok(())
     }

@@ -33,6 +33,7 @@ pub mod graphql;
 pub mod publications;
 pub mod service;
 pub mod store;
+pub mod upkeep;
 
 pub use service::FeedService;
 pub use store::{FeedSettings, FeedStore};

@@ -256,6 +256,10 @@ impl FeedService {
     }
 
     async fn read_inbox(&self, viewer: i64, below: i64, limit: u64) -> AppResult<Option<Inbox>> {
+        if below == i64::MAX {
+            // A first page is what a returning user reads: enough to keep them active.
+            self.store.mark_active(viewer).await?;
+        }
         let keys = self.store.redis.keys.feed_user(viewer);
         let max = if below == i64::MAX {
             "+inf".to_owned()
@@ -317,6 +321,8 @@ impl FeedService {
             0 => return Ok(Rebuild::Elsewhere),
             _ => {}
         }
+        // Active before the pull, so fan-out meanwhile writes into the building key.
+        store.mark_active(viewer).await?;
         let cap = u64::from(store.settings.cap);
         let (fanned_out, _) = store.followees(viewer).await?;
         let mut ids = Vec::new();

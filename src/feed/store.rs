@@ -199,6 +199,40 @@ impl FeedStore {
         Ok((below_cursor.take(limit as usize).collect(), coverage))
     }
 
+    /// Marks `user` active now: fan-out writes to their inbox from now on (while it exists).
+    pub async fn mark_active(&self, user: i64) -> AppResult<()> {
+        let mut conn = self.redis.conn.clone();
+        let now = chrono::Utc::now().timestamp_millis();
+        let _: i64 = redis::cmd("ZADD")
+            .arg(self.redis.keys.feed_active())
+            .arg(now)
+            .arg(user)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Those of `users` who read their feed within the inbox TTL, in one command.
+    pub async fn active_among(&self, users: &[i64]) -> AppResult<Vec<i64>> {
+        if users.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.redis.conn.clone();
+        let seen: Vec<Option<f64>> = redis::cmd("ZMSCORE")
+            .arg(self.redis.keys.feed_active())
+            .arg(users)
+            .query_async(&mut conn)
+            .await?;
+        let since = chrono::Utc::now().timestamp_millis() as f64
+            - self.settings.inbox_ttl.as_millis() as f64;
+        Ok(users
+            .iter()
+            .zip(seen)
+            .filter(|(_, at)| at.is_some_and(|at| at >= since))
+            .map(|(&user, _)| user)
+            .collect())
+    }
+
     /// Delivers `article` to the inboxes of `followers` that exist, in one pipelined round trip;
     /// `announce` publishes it to those online. Returns how many inboxes it was added to.
     pub async fn deliver(&self, article: i64, followers: &[i64], announce: bool) -> AppResult<u64> {

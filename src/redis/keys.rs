@@ -581,6 +581,13 @@ impl Keys {
         format!("{}events:feed-author:{author}", self.prefix)
     }
 
+    /// Sorted set user → when they last read their feed (ms): who is active. Fan-out asks it about
+    /// a whole chunk of followers in one `ZMSCORE` and runs the inbox script only for the active
+    /// ones. Its own hash tag: only single-key commands touch it.
+    pub fn feed_active(&self) -> String {
+        format!("{}feed:active:{{f:active}}", self.prefix)
+    }
+
     /// A `SCAN MATCH` pattern for every feed key of every user.
     pub fn feed_pattern(&self) -> String {
         format!("{}feed:*", escape_glob(&self.prefix))

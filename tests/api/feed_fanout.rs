@@ -31,15 +31,18 @@ async fn inboxes(app: &TestApp, users: &[i64], article: i64) -> (usize, usize) {
     (holding, existing)
 }
 
-/// Makes `users` active: their inboxes exist (empty but for the anchor), as after a read.
+/// Makes `users` active as a read does: marked active, their inboxes exist (the anchor only).
 async fn activate(app: &TestApp, users: &[i64]) {
     let mut conn = redis_conn(app).await;
     let mut pipe = redis::pipe();
+    let now = chrono::Utc::now().timestamp_millis();
     for &user in users {
         let inbox = app.state.redis.keys.feed_user(user).inbox();
         pipe.zadd(&inbox, 0, 0)
             .ignore()
             .expire(&inbox, 3600)
+            .ignore()
+            .zadd(app.state.redis.keys.feed_active(), user, now)
             .ignore();
     }
     let () = pipe.query_async(&mut conn).await.unwrap();

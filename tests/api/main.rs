@@ -8,6 +8,7 @@ mod feed;
 mod feed_fanout;
 mod feed_live;
 mod field_order;
+mod feed_upkeep;
 mod follows;
 mod helpers;
 mod http_conformance;

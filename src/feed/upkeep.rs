@@ -1,0 +1,134 @@
+//! Upkeep of the feed's Redis keys: `pulse feed vacuum` and `pulse rebuild feed`. Inboxes of
+//! inactive users need none: they expire on their own.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
+
+use super::FeedStore;
+use crate::db::retry_once;
+use crate::entities::users;
+use crate::error::AppResult;
+
+/// Keys one `SCAN` step asks for.
+const SCAN_COUNT: usize = 1000;
+
+/// Every feed key, grouped by user: key name (`inbox`, `outbox`, …) → full key.
+async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String, String>>> {
+    let mut conn = store.redis.conn.clone();
+    let prefix = format!("{}feed:", store.redis.keys.prefix());
+    let mut cursor = 0u64;
+    let mut found: BTreeMap<i64, BTreeMap<String, String>> = BTreeMap::new();
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(store.redis.keys.feed_pattern())
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(&mut conn)
+            .await?;
+        for key in keys {
+            let parsed = key.strip_prefix(&prefix).and_then(|rest| {
+                let (name, tag) = rest.rsplit_once(":{f:")?;
+                let user = tag.strip_suffix('}')?.parse::<i64>().ok()?;
+                Some((user, name.to_owned()))
+            });
+            if let Some((user, name)) = parsed {
+                found.entry(user).or_default().insert(name, key);
+            }
+        }
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
+/// What a vacuum removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Vacuumed {
+    /// Keys of users who no longer exist.
+    pub of_deleted_users: usize,
+    /// Building keys a crashed rebuild left without its lock, and "no more" sentinels without an
+    /// inbox.
+    pub leftovers: usize,
+}
+
+/// Removes the feed keys nothing will use again: those of deleted users, a rebuild's building
+/// key whose lock has expired (the rebuild died), a "no more" sentinel whose inbox has expired;
+/// and drops users inactive for longer than the inbox TTL from the active set.
+pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
+    let keys = feed_keys(store).await?;
+    let ids: Vec<i64> = keys.keys().copied().collect();
+    let mut existing = HashSet::new();
+    for chunk in ids.chunks(500) {
+        let query = users::Entity::find()
+            .select_only()
+            .column(users::Column::Id)
+            .filter(users::Column::Id.is_in(chunk.iter().copied()));
+        let found: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&store.db)).await?;
+        existing.extend(found);
+    }
+    let mut report = Vacuumed::default();
+    let mut doomed = Vec::new();
+    for (user, names) in &keys {
+        if !existing.contains(user) {
+            report.of_deleted_users += names.len();
+            doomed.extend(names.values().cloned());
+            continue;
+        }
+        let has = |name: &str| names.contains_key(name);
+        for (orphan, owner) in [("inbox-building", "rebuild-lock"), ("no-more", "inbox")] {
+            if has(orphan) && !has(owner) {
+                report.leftovers += 1;
+                doomed.push(names[orphan].clone());
+            }
+        }
+    }
+    let mut conn = store.redis.conn.clone();
+    for chunk in doomed.chunks(500) {
+        // One key per command: on a Redis Cluster the keys are in different slots.
+        let mut pipe = redis::pipe();
+        for key in chunk {
+            pipe.del(key).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await?;
+    }
+    let since = chrono::Utc::now().timestamp_millis() - store.settings.inbox_ttl.as_millis() as i64;
+    let _: u64 = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(store.redis.keys.feed_active())
+        .arg("-inf")
+        .arg(format!("({since}"))
+        .query_async(&mut conn)
+        .await?;
+    metrics::counter!("pulse_feed_vacuumed_keys_total")
+        .increment((report.of_deleted_users + report.leftovers) as u64);
+    Ok(report)
+}
+
+/// Reloads every cached outbox from SQL (what `pulse rebuild feed` does); inboxes are rebuilt by
+/// their next read and need nothing. Returns how many outboxes were reloaded.
+pub async fn rebuild_outboxes(store: &FeedStore) -> AppResult<usize> {
+    let keys = feed_keys(store).await?;
+    let authors: BTreeSet<i64> = keys
+        .iter()
+        .filter(|(_, names)| names.contains_key("outbox") || names.contains_key("outbox-loaded"))
+        .map(|(&user, _)| user)
+        .collect();
+    let mut conn = store.redis.conn.clone();
+    for &author in &authors {
+        let keys = store.redis.keys.feed_user(author);
+        // Dropped first, so the load below starts from SQL alone; a publish meanwhile re-adds its
+        // article to the outbox before or after the load, and is kept either way.
+        let () = redis::pipe()
+            .del(keys.outbox_loaded())
+            .ignore()
+            .del(keys.outbox())
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        store.outbox_page(author, i64::MAX, 0).await?;
+    }
+    Ok(authors.len())
+}
