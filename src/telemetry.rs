@@ -297,4 +297,10 @@ pub const METRICS: &[Metric] = &[
         help: "Feed pages read from SQL (past the cached window, or while an inbox is rebuilt)",
         initial: NO_LABELS,
     },
+    Metric {
+        name: "pulse_feed_vacuumed_keys_total",
+        kind: MetricKind::Counter,
+        help: "Feed keys removed by `pulse feed vacuum` (of deleted users, or left by crashed rebuilds)",
+        initial: NO_LABELS,
+    },
 ];
