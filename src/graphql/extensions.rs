@@ -313,7 +313,9 @@ fn refused(refusal: guard::Refusal) -> ServerError {
     })
 }
 
-fn whole_request(error: AppError) -> ServerError {
+/// An error of the request as a whole, with no position to blame: its code, and for failures of
+/// ours only a generic message (the detail is logged).
+pub(crate) fn whole_request(error: AppError) -> ServerError {
     let error = error.extend();
     let mut server_error = ServerError::new(error.message, None);
     server_error.extensions = error.extensions;

@@ -9,6 +9,7 @@ use async_graphql::extensions::{
 };
 use async_graphql::{Request, Response, ServerError, ServerResult};
 
+use super::extensions::whole_request;
 use crate::documents::{DocumentStore, PersistedMode, is_sha256_hex, sha256_hex};
 use crate::error::AppError;
 
@@ -38,27 +39,11 @@ struct PersistedDocumentsExtension {
     to_register: Mutex<Option<(String, String)>>,
 }
 
-/// The error Apollo clients recognise (by message and by code) to send the full document.
-fn not_found() -> ServerError {
-    coded("PersistedQueryNotFound", "PERSISTED_QUERY_NOT_FOUND")
-}
-
-fn coded(message: &str, code: &str) -> ServerError {
-    let mut error = ServerError::new(message, None);
-    error
-        .extensions
-        .get_or_insert_with(Default::default)
-        .set("code", code);
-    error
-}
-
-fn bad_input(message: String) -> ServerError {
-    let mut error = ServerError::new(message, None);
-    error
-        .extensions
-        .get_or_insert_with(Default::default)
-        .set("code", AppError::bad_input("extensions", "").code());
-    error
+fn bad_input(message: impl Into<String>) -> ServerError {
+    whole_request(AppError::BadUserInput {
+        message: message.into(),
+        field: None,
+    })
 }
 
 /// The `sha256Hash` of the request's `extensions.persistedQuery`, if it has one.
@@ -80,25 +65,13 @@ fn requested_hash(request: &Request) -> ServerResult<Option<String>> {
     }
 }
 
-fn unavailable(err: AppError) -> ServerError {
-    let mut error = ServerError::new(err.to_string(), None);
-    error
-        .extensions
-        .get_or_insert_with(Default::default)
-        .set("code", err.code());
-    if err.code() != "BAD_USER_INPUT" {
-        tracing::warn!(error = %err, "persisted document lookup failed");
-        error.message = "a backing service is unavailable; retry shortly".to_owned();
-    }
-    error
-}
-
 impl PersistedDocumentsExtension {
     async fn apq(&self, request: &mut Request, hash: Option<String>) -> ServerResult<()> {
         let Some(hash) = hash else { return Ok(()) };
         if request.query.is_empty() {
-            let document = self.store.persisted(&hash).await.map_err(unavailable)?;
-            request.query = document.ok_or_else(not_found)?;
+            let document = self.store.persisted(&hash).await.map_err(whole_request)?;
+            request.query =
+                document.ok_or_else(|| whole_request(AppError::PersistedQueryNotFound))?;
             return Ok(());
         }
         let actual = sha256_hex(&request.query);
@@ -121,17 +94,12 @@ impl PersistedDocumentsExtension {
             }
             None => sha256_hex(&request.query),
         };
-        match self.store.trusted(&hash).await.map_err(unavailable)? {
+        match self.store.trusted(&hash).await.map_err(whole_request)? {
             Some(document) => {
                 request.query = document.to_string();
                 Ok(())
             }
-            None => Err(coded(
-                &format!(
-                    "this server runs only registered documents, and none has the SHA-256 {hash}"
-                ),
-                "DOCUMENT_NOT_TRUSTED",
-            )),
+            None => Err(whole_request(AppError::DocumentNotTrusted(hash))),
         }
     }
 }
@@ -163,10 +131,7 @@ impl Extension for PersistedDocumentsExtension {
             PersistedMode::Apq => self.apq(&mut request, hash).await?,
             PersistedMode::Trusted => self.trusted(&mut request, hash).await?,
             PersistedMode::Off if hash.is_some() => {
-                return Err(coded(
-                    "PersistedQueryNotSupported",
-                    "PERSISTED_QUERY_NOT_SUPPORTED",
-                ));
+                return Err(whole_request(AppError::PersistedQueryNotSupported));
             }
             PersistedMode::Off => {}
         }

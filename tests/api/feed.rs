@@ -292,7 +292,10 @@ async fn an_article_published_by_a_followee_reaches_an_active_readers_first_page
 
 #[tokio::test]
 async fn paging_while_a_hundred_articles_are_published_returns_every_older_item_exactly_once() {
-    let app = TestApp::spawn().await;
+    // A hundred publishes at once queue for SQLite's one writer; on a busy machine the default
+    // 3 s wait runs out before the last one's turn.
+    let app =
+        TestApp::spawn_with(|config| config.sqlite_busy_timeout = Duration::from_secs(60)).await;
     let people = users(&app, "page", 5).await;
     let reader = people[0];
     let authors = &people[1..];
