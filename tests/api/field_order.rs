@@ -119,3 +119,61 @@ async fn mutation_payloads_come_in_selection_order() {
     let text = raw(&app, Some(&token), mutation, json!({ "id": article })).await;
     assert_eq!(keys(&text, &["data", "like"]), ["likeCount", "liked"]);
 }
+
+/// The next text frame that is not a keep-alive, as the server wrote it.
+async fn next_text(socket: &mut crate::subscriptions::Socket) -> String {
+    use futures_util::StreamExt;
+    loop {
+        let message = tokio::time::timeout(std::time::Duration::from_secs(10), socket.next())
+            .await
+            .expect("a message within 10 s")
+            .expect("the socket stays open")
+            .expect("a clean frame");
+        if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+            if !text.contains("\"ka\"") && !text.contains("\"ping\"") {
+                return text.to_string();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn websocket_answers_and_subscription_events_come_in_selection_order() {
+    use crate::subscriptions::{connect, send, wait_until_listening};
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("ws_order").await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": token })).await;
+    assert!(next_text(&mut socket).await.contains("connection_ack"));
+
+    let query = "{ articles(first: 1) { edges { cursor } } viewer { handle } __typename }";
+    send(
+        &mut socket,
+        json!({ "id": "q", "type": "subscribe", "payload": { "query": query } }),
+    )
+    .await;
+    let answer = next_text(&mut socket).await;
+    assert_eq!(
+        keys(&answer, &["payload", "data"]),
+        ["articles", "viewer", "__typename"]
+    );
+    assert!(next_text(&mut socket).await.contains("complete"));
+
+    let subscription =
+        "subscription { articlePublished { viewCount author { id handle } title id } }";
+    send(
+        &mut socket,
+        json!({ "id": "s", "type": "subscribe", "payload": { "query": subscription } }),
+    )
+    .await;
+    wait_until_listening(&app).await;
+    app.publish(&token, "Ordered live").await;
+    let event = next_text(&mut socket).await;
+    assert_eq!(
+        keys(&event, &["payload", "data", "articlePublished"]),
+        ["viewCount", "author", "title", "id"]
+    );
+    assert_eq!(
+        keys(&event, &["payload", "data", "articlePublished", "author"]),
+        ["id", "handle"]
+    );
+}
