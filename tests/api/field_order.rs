@@ -129,10 +129,11 @@ async fn next_text(socket: &mut crate::subscriptions::Socket) -> String {
             .expect("a message within 10 s")
             .expect("the socket stays open")
             .expect("a clean frame");
-        if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
-            if !text.contains("\"ka\"") && !text.contains("\"ping\"") {
-                return text.to_string();
-            }
+        if let tokio_tungstenite::tungstenite::Message::Text(text) = message
+            && !text.contains("\"ka\"")
+            && !text.contains("\"ping\"")
+        {
+            return text.to_string();
         }
     }
 }
