@@ -264,8 +264,11 @@ async fn vote_cast_call(
     let mut args = vec![call.keys.len().to_string()];
     args.extend(call.keys);
     args.extend(call.args);
-    let mut counted = redis::cmd("GET");
-    counted.arg(keys.poll(poll.id).seq());
+    // The REAL all-time board counts one per accepted ballot.
+    let mut counted = redis::cmd("ZSCORE");
+    counted
+        .arg(keys.poll(poll.id).board("r", "all"))
+        .arg(option.id);
     Ok(Call { sha, args, counted })
 }
 

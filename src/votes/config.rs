@@ -65,13 +65,13 @@ impl PollConfig {
     }
 
     /// Why a ballot at `at` cannot be cast, if it cannot.
-    pub fn closed_reason(&self, at: DateTime<Utc>) -> Option<&'static str> {
+    pub fn not_open(&self, at: DateTime<Utc>) -> Option<NotOpen> {
         if self.closed_at.is_some() {
-            Some("CLOSED")
+            Some(NotOpen::Closed)
         } else if self.starts_at.is_some_and(|start| at < start) {
-            Some("NOT_STARTED")
+            Some(NotOpen::NotStarted)
         } else if self.ends_at.is_some_and(|end| at >= end) {
-            Some("ENDED")
+            Some(NotOpen::Ended)
         } else {
             None
         }
@@ -133,6 +133,14 @@ impl PollConfig {
             rules,
         })
     }
+}
+
+/// Why a poll takes no ballots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotOpen {
+    Closed,
+    NotStarted,
+    Ended,
 }
 
 type Cached = (Instant, Arc<PollConfig>);

@@ -7,7 +7,7 @@ use futures_util::{Stream, StreamExt as _};
 
 use super::admin::{NewOption, NewPoll, PollChanges};
 use super::board::{self, Ranked, TiePolicy};
-use super::config::{OptionConfig, PollConfig};
+use super::config::{NotOpen, OptionConfig, PollConfig};
 use super::live::LiveBoard;
 use super::loader::{BoardLoader, ParticipantsLoader};
 use super::periods::{self, Bucket, Period};
@@ -821,9 +821,9 @@ impl BallotResult {
             .as_ref()
             .map(|rejection| match rejection {
                 Rejection::RateLimited { .. } => BallotRejection::RateLimited,
-                Rejection::PollNotOpen("NOT_STARTED") => BallotRejection::PollNotStarted,
-                Rejection::PollNotOpen("ENDED") => BallotRejection::PollEnded,
-                Rejection::PollNotOpen(_) => BallotRejection::PollClosed,
+                Rejection::PollNotOpen(NotOpen::NotStarted) => BallotRejection::PollNotStarted,
+                Rejection::PollNotOpen(NotOpen::Ended) => BallotRejection::PollEnded,
+                Rejection::PollNotOpen(NotOpen::Closed) => BallotRejection::PollClosed,
             })
     }
 

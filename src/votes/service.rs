@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::board::{self, Ranked};
-use super::config::{PollConfig, PollConfigs};
+use super::config::{NotOpen, PollConfig, PollConfigs};
 use super::periods::{self, Bucket, Period};
 use super::rules::{self, LimitScope, Rule};
 use crate::actor::Actor;
@@ -124,7 +124,7 @@ pub enum Rejection {
         retry_after: Option<i64>,
     },
     /// The poll is closed, not started or ended.
-    PollNotOpen(&'static str),
+    PollNotOpen(NotOpen),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -276,7 +276,7 @@ impl VoteService {
                 })
                 .collect()
         };
-        if let Some(reason) = config.closed_reason(now) {
+        if let Some(reason) = config.not_open(now) {
             return Ok(refuse_all(reason));
         }
         let call = vote_cast_call(&CastCall {
@@ -300,7 +300,7 @@ impl VoteService {
         let mut conn = self.redis.conn.clone();
         let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
         if reply == [-1] {
-            return Ok(refuse_all("CLOSED"));
+            return Ok(refuse_all(NotOpen::Closed));
         }
         if reply.len() != ballots.len() * 3 {
             return Err(AppError::Internal(format!(

@@ -507,3 +507,39 @@ async fn a_closed_poll_refuses_ballots_and_the_log_gets_every_accepted_one() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(app.count("vote_log").await, 2);
 }
+
+#[tokio::test]
+async fn ballots_before_the_start_or_after_the_end_are_refused_and_change_nothing() {
+    use pulse::votes::config::NotOpen;
+    use pulse::votes::service::Rejection;
+    let app = TestApp::spawn().await;
+    let token = admin(&app).await;
+    let (poll, options) = create_poll(
+        &app,
+        &token,
+        json!({ "title": "Window", "startsAt": "2026-12-01T00:00:00Z", "endsAt": "2026-12-02T00:00:00Z",
+            "options": [{ "label": "A" }] }),
+    )
+    .await;
+    let (user, _) = users(&app, 1).await.remove(0);
+    let ballot = [(poll.as_str(), options[0].as_str())];
+    for (at, expected) in [
+        ("2026-11-30T23:59:59Z", Some(NotOpen::NotStarted)),
+        ("2026-12-01T12:00:00Z", None),
+        ("2026-12-02T00:00:00Z", Some(NotOpen::Ended)),
+    ] {
+        let outcome = cast_at(&app, user, &ballot, &Origin::default(), utc(at)).await;
+        assert_eq!(
+            outcome[0].rejection,
+            expected.map(Rejection::PollNotOpen),
+            "{at}"
+        );
+    }
+    let at = utc("2026-12-01T12:00:00Z");
+    assert_eq!(
+        score(&app, &poll, &options[0], "ALL_TIME", "REAL", at)
+            .await
+            .0,
+        1.0
+    );
+}
