@@ -325,13 +325,7 @@ impl FeedService {
         store.mark_active(viewer).await?;
         let cap = u64::from(store.settings.cap);
         let (fanned_out, _) = store.followees(viewer).await?;
-        let mut ids = Vec::new();
-        let mut complete = true;
-        for followee in fanned_out {
-            let (newest, coverage) = store.outbox_page(followee, i64::MAX, cap).await?;
-            complete &= coverage.complete;
-            ids.extend(newest);
-        }
+        let (mut ids, mut complete) = store.pull(&fanned_out).await?;
         ids.sort_unstable_by(|a, b| b.cmp(a));
         ids.dedup();
         if ids.len() as u64 > cap {

@@ -233,6 +233,39 @@ impl FeedStore {
             .collect())
     }
 
+    /// The newest articles of `authors` for a rebuild: from their outboxes in one pipelined round
+    /// trip, and from SQL in one query for the authors whose outbox is not loaded. Returns up to
+    /// the cap per source, and whether they are the authors' whole history.
+    pub async fn pull(&self, authors: &[i64]) -> AppResult<(Vec<i64>, bool)> {
+        if authors.is_empty() {
+            return Ok((Vec::new(), true));
+        }
+        let cap = u64::from(self.settings.cap);
+        let mut conn = self.redis.conn.clone();
+        let mut pipe = redis::pipe();
+        for &author in authors {
+            let keys = self.redis.keys.feed_user(author);
+            pipe.exists(keys.outbox_loaded())
+                .zrevrange(keys.outbox(), 0, cap as isize - 1);
+        }
+        let replies: Vec<(bool, Vec<i64>)> = pipe.query_async(&mut conn).await?;
+        let mut ids = Vec::new();
+        let mut complete = true;
+        let mut unloaded = Vec::new();
+        for (&author, (loaded, newest)) in authors.iter().zip(replies) {
+            if loaded {
+                complete &= (newest.len() as u64) < cap;
+                ids.extend(newest);
+            } else {
+                unloaded.push(author);
+            }
+        }
+        let from_sql = self.sql_newest(&unloaded, cap + 1).await?;
+        complete &= from_sql.len() as u64 <= cap;
+        ids.extend(from_sql);
+        Ok((ids, complete))
+    }
+
     /// Delivers `article` to the inboxes of `followers` that exist, in one pipelined round trip;
     /// `announce` publishes it to those online. Returns how many inboxes it was added to.
     pub async fn deliver(&self, article: i64, followers: &[i64], announce: bool) -> AppResult<u64> {
