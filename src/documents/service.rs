@@ -165,8 +165,8 @@ pub async fn list_trusted(db: &DatabaseConnection) -> AppResult<Vec<RegisteredDo
         .collect())
 }
 
-/// Removes a trusted document; `false` when none had the hash. Processes that cached it keep
-/// running it until they restart: removal is for tidying, not for revoking in a hurry.
+/// Removes a trusted document; `false` when none had the hash. A process that loaded it keeps
+/// running it until its next reload (on a miss) or restart: removal tidies, it does not revoke.
 pub async fn remove_trusted(db: &DatabaseConnection, sha256: &str) -> AppResult<bool> {
     let result = trusted_documents::Entity::delete_by_id(sha256.to_owned())
         .exec(db)
