@@ -350,8 +350,8 @@ pub struct Config {
     #[arg(long, global = true, env = "PULSE_FEED_INBOX_TTL", default_value = "7days", value_parser = humantime::parse_duration)]
     pub feed_inbox_ttl: Duration,
 
-    /// Followers per fan-out job: a publish is split into chunks of this many followers, handled
-    /// by any process's workers.
+    /// Most followers per fan-out job: a publish is split by feed shard into chunks of at most this
+    /// many followers, handled by any process's workers, one Redis script call each.
     #[arg(long, global = true, env = "PULSE_FEED_FANOUT_CHUNK", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub feed_fanout_chunk: u32,
 

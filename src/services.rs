@@ -167,6 +167,11 @@ impl Services {
                 .run(config.view_flush_interval, shutdown),
         );
         if config.run_jobs {
+            let redis = &redis
+                .own_connection()
+                .await
+                .context("cannot open the background jobs' Redis connection")?;
+            let feed_store = feed_store.with_redis(redis.clone());
             let jobs: Vec<Arc<dyn Job>> = vec![
                 Arc::new(LikeArchiver::new(
                     db.clone(),

@@ -5,14 +5,17 @@
 //! dispatched. Idempotent: an entry handled twice queues its chunks twice, and a chunk's writes are
 //! `ZADD`s of one id, so the second adds nothing.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context as _, anyhow};
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 
 use super::{FeedStore, fanout};
 use crate::db::retry_once;
-use crate::entities::{articles, feed_publications, follows};
+use crate::entities::{articles, feed_publications};
 use crate::jobs::{Entry, Job, JobSpec};
+use crate::redis::keys::feed_shard;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "feed-dispatch",
@@ -84,44 +87,43 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Queues one fan-out entry per chunk of followers, by follower id ranges. The last range is
-    /// open-ended, so a follower who arrives meanwhile with a higher id is in it too.
+    /// Queues one fan-out entry per chunk of followers: the followers of each feed shard, split
+    /// into chunks of at most `PULSE_FEED_FANOUT_CHUNK`, each listed in its entry, so a chunk's
+    /// inboxes share a hash tag and are written by one script call. A follower who arrives after
+    /// this read is not in any chunk; their follow's backfill reads the outbox, which holds the
+    /// article already.
     async fn queue_chunks(&self, publication: &Publication) -> anyhow::Result<()> {
         let store = &self.0;
-        let query = follows::Entity::find()
-            .select_only()
-            .column(follows::Column::FollowerId)
-            .filter(follows::Column::FolloweeId.eq(publication.author))
-            .order_by_asc(follows::Column::FollowerId);
-        let followers: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&store.db)).await?;
-        if followers.is_empty() {
+        let followers = store.followers_of(publication.author).await?;
+        let mut by_shard: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
+        for follower in followers {
+            by_shard
+                .entry(feed_shard(follower))
+                .or_default()
+                .push(follower);
+        }
+        let chunks: Vec<&[i64]> = by_shard
+            .values()
+            .flat_map(|group| group.chunks(store.settings.fanout_chunk.max(1) as usize))
+            .collect();
+        if chunks.is_empty() {
             return Ok(());
         }
-        let chunks: Vec<&[i64]> = followers
-            .chunks(store.settings.fanout_chunk as usize)
-            .collect();
         let mut pipe = redis::pipe();
-        let mut after = 0;
         for (index, chunk) in chunks.iter().enumerate() {
-            let through = if index + 1 == chunks.len() {
-                i64::MAX
-            } else {
-                *chunk.last().expect("chunks are not empty")
-            };
             let shard =
                 (publication.article + index as i64).rem_euclid(i64::from(fanout::SPEC.shards));
+            let ids: Vec<String> = chunk.iter().map(i64::to_string).collect();
             pipe.xadd(
                 fanout::SPEC.keys(&store.redis, shard as u32).stream(),
                 "*",
                 &[
                     ("article", publication.article.to_string()),
                     ("author", publication.author.to_string()),
-                    ("after", after.to_string()),
-                    ("through", through.to_string()),
+                    ("followers", ids.join(",")),
                 ],
             )
             .ignore();
-            after = through;
         }
         let mut conn = store.redis.conn.clone();
         let () = pipe.query_async(&mut conn).await?;

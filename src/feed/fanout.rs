@@ -1,15 +1,13 @@
-//! The feed-fanout job: one entry per chunk of an author's followers (by follower id range).
-//! Pushes the article into the inboxes of the chunk's followers that are active (they read their
-//! feed within the inbox TTL, and their inbox exists), announcing it to those online. A worker killed mid-chunk leaves the entry
-//! unacknowledged; whoever takes it over redoes this chunk only, and the writes already made are
-//! no-ops the second time.
+//! The feed-fanout job: one entry per chunk of an author's followers, all of one feed shard, listed
+//! in the entry by the dispatcher. Pushes the article into the inboxes of the chunk's followers that
+//! are active (they read their feed within the inbox TTL, and their inbox exists), announcing it to
+//! those online, with one script call for the whole chunk. A worker killed mid-chunk leaves the
+//! entry unacknowledged; whoever takes it over redoes this chunk only, and the writes already made
+//! are no-ops the second time.
 
 use anyhow::{Context as _, anyhow};
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 
 use super::FeedStore;
-use crate::db::retry_once;
-use crate::entities::follows;
 use crate::jobs::{Entry, Job, JobSpec};
 
 pub const SPEC: JobSpec = JobSpec {
@@ -25,25 +23,22 @@ const CHUNKS_AT_ONCE: usize = 8;
 
 impl Fanout {
     async fn chunk(&self, entry: &Entry) -> anyhow::Result<()> {
-        let number = |name: &str| -> anyhow::Result<i64> {
+        let field = |name: &str| {
             entry
                 .field(name)
-                .ok_or_else(|| anyhow!("fan-out chunk {} has no {name}", entry.id))?
-                .parse()
-                .with_context(|| format!("fan-out chunk {} has a malformed {name}", entry.id))
+                .ok_or_else(|| anyhow!("fan-out chunk {} has no {name}", entry.id))
         };
-        let (article, author) = (number("article")?, number("author")?);
-        let query = follows::Entity::find()
-            .select_only()
-            .column(follows::Column::FollowerId)
-            .filter(follows::Column::FolloweeId.eq(author))
-            .filter(follows::Column::FollowerId.gt(number("after")?))
-            .filter(follows::Column::FollowerId.lte(number("through")?));
-        let followers: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.0.db)).await?;
-        // Most followers are inactive: one command finds the active ones, and only those cost
-        // a script call.
+        let malformed = || format!("fan-out chunk {} is malformed", entry.id);
+        let article: i64 = field("article")?.parse().with_context(malformed)?;
+        let followers = field("followers")?
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<Vec<i64>, _>>()
+            .with_context(malformed)?;
+        // Most followers are inactive: one command finds the active ones, and only their inboxes
+        // go to the script.
         let active = self.0.active_among(&followers).await?;
-        self.0.deliver(article, &active, true).await?;
+        self.0.deliver(&[article], &active, true).await?;
         Ok(())
     }
 }

@@ -40,9 +40,7 @@ impl FollowSync {
         if follows {
             let backfill = u64::from(store.settings.follow_backfill);
             let (ids, coverage) = store.outbox_page(followee, i64::MAX, backfill).await?;
-            for &article in &ids {
-                store.deliver(article, &[follower], false).await?;
-            }
+            store.deliver(&ids, &[follower], false).await?;
             if !coverage.complete || ids.len() as u64 == backfill {
                 // Older articles of the followee are in SQL and not in the inbox.
                 let () = redis::cmd("DEL")

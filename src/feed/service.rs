@@ -1,4 +1,4 @@
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -9,7 +9,6 @@ use singleflight_async::SingleFlight;
 use super::{FeedStore, follow_sync};
 use crate::accounts::TokenSigner;
 use crate::actor::Actor;
-use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::follows::FollowService;
@@ -173,27 +172,9 @@ impl FeedService {
 
     /// The articles of `ids` that exist and whose author `viewer` follows, in the order of `ids`.
     async fn hydrate(&self, viewer: i64, ids: &[i64]) -> AppResult<Vec<articles::Model>> {
-        use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
-        let query =
-            articles::Entity::find().filter(articles::Column::Id.is_in(ids.iter().copied()));
-        let found = retry_once(|| query.clone().all(&self.store.db)).await?;
-        let authors: Vec<i64> = found
-            .iter()
-            .map(|row| row.author_id)
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        let followed: HashSet<i64> = self
-            .follows
-            .follows_among(viewer, &authors)
-            .await?
-            .into_iter()
-            .collect();
-        let mut by_id: HashMap<i64, articles::Model> = found
-            .into_iter()
-            .filter(|row| followed.contains(&row.author_id))
-            .map(|row| (row.id, row))
-            .collect();
+        let found = self.store.followed_articles(viewer, ids).await?;
+        let mut by_id: HashMap<i64, articles::Model> =
+            found.into_iter().map(|row| (row.id, row)).collect();
         Ok(ids.iter().filter_map(|id| by_id.remove(id)).collect())
     }
 
@@ -230,7 +211,7 @@ impl FeedService {
         };
         let mut floor = floor_of(&inbox.ids, inbox.no_more, inbox.lowest);
         let mut merged: Vec<i64> = inbox.ids;
-        let (_, celebrities) = self.store.followees(viewer).await?;
+        let celebrities = self.store.followed_celebrities(viewer).await?;
         for celebrity in celebrities {
             let (ids, coverage) = self.store.outbox_page(celebrity, below, limit).await?;
             floor = floor.max(floor_of(&ids, coverage.complete, coverage.lowest));
@@ -256,10 +237,6 @@ impl FeedService {
     }
 
     async fn read_inbox(&self, viewer: i64, below: i64, limit: u64) -> AppResult<Option<Inbox>> {
-        if below == i64::MAX {
-            // A first page is what a returning user reads: enough to keep them active.
-            self.store.mark_active(viewer).await?;
-        }
         let keys = self.store.redis.keys.feed_user(viewer);
         let max = if below == i64::MAX {
             "+inf".to_owned()
@@ -267,18 +244,29 @@ impl FeedService {
             format!("({below}")
         };
         let mut conn = self.store.redis.conn.clone();
-        let reply: Vec<i64> = self
-            .store
-            .redis
-            .scripts
-            .feed_read
-            .key(keys.inbox())
-            .key(keys.no_more())
-            .arg(max)
-            .arg(limit)
-            .arg(self.store.settings.inbox_ttl.as_millis() as u64)
-            .invoke_async(&mut conn)
-            .await?;
+        let read = async {
+            let reply: Vec<i64> = self
+                .store
+                .redis
+                .scripts
+                .feed_read
+                .key(keys.inbox())
+                .key(keys.no_more())
+                .arg(max)
+                .arg(limit)
+                .arg(self.store.settings.inbox_ttl.as_millis() as u64)
+                .invoke_async(&mut conn)
+                .await?;
+            Ok::<_, AppError>(reply)
+        };
+        let mark = async {
+            if below == i64::MAX {
+                // A first page is what a returning user reads: enough to keep them active.
+                self.store.mark_active(viewer).await?;
+            }
+            Ok(())
+        };
+        let (reply, ()) = futures_util::try_join!(read, mark)?;
         Ok(match reply[..] {
             [1, no_more, lowest, ..] => Some(Inbox {
                 no_more: no_more == 1,
@@ -368,7 +356,7 @@ impl FeedService {
             self.rebuild(viewer).await?;
         }
         let keys = &self.store.redis.keys;
-        let (_, celebrities) = self.store.followees(viewer).await?;
+        let celebrities = self.store.followed_celebrities(viewer).await?;
         let mut channels = vec![keys.feed_channel(viewer)];
         channels.extend(
             celebrities

@@ -1,17 +1,21 @@
 //! The feed's Redis and SQL primitives, shared by the read path and the jobs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sea_orm::sea_query::{Expr, ExprTrait as _, Query};
-use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, Statement,
+};
 
 use crate::db::retry_once;
 use crate::entities::{articles, follow_counts, follows};
-use crate::error::AppResult;
+use crate::error::{AppError, AppResult};
 use crate::redis::Redis;
+use crate::redis::keys::feed_shard;
 
 /// The feed's knobs, from the configuration.
 #[derive(Clone, Debug)]
@@ -61,6 +65,15 @@ impl FeedStore {
         }
     }
 
+    /// This store on another Redis handle (the jobs' own connection), counting into the same
+    /// counters.
+    pub fn with_redis(&self, redis: Redis) -> Self {
+        Self {
+            redis,
+            ..self.clone()
+        }
+    }
+
     /// Whether `author` has so many followers that publishes are merged at read time instead.
     pub async fn is_celebrity(&self, author: i64) -> AppResult<bool> {
         let query = follow_counts::Entity::find_by_id(author);
@@ -102,17 +115,82 @@ impl FeedStore {
         }))
     }
 
+    /// Every follower of `author`. SQLite hands sqlx one row at a time through a channel to its
+    /// worker thread, a thread hop per row: reading 100,000 followers that way was most of a
+    /// fan-out's cost. There the ids come as one text per page of `FOLLOWER_PAGE` instead; the
+    /// other backends stream rows natively.
+    pub async fn followers_of(&self, author: i64) -> AppResult<Vec<i64>> {
+        if self.db.get_database_backend() != DbBackend::Sqlite {
+            let query = follows::Entity::find()
+                .select_only()
+                .column(follows::Column::FollowerId)
+                .filter(follows::Column::FolloweeId.eq(author));
+            return Ok(retry_once(|| query.clone().into_tuple().all(&self.db)).await?);
+        }
+        let mut followers = Vec::new();
+        let mut after = i64::MIN;
+        loop {
+            let page = Statement::from_sql_and_values(
+                DbBackend::Sqlite,
+                "SELECT group_concat(follower_id) FROM (SELECT follower_id FROM follows \
+                 WHERE followee_id = ? AND follower_id > ? ORDER BY follower_id LIMIT ?)",
+                [author.into(), after.into(), FOLLOWER_PAGE.into()],
+            );
+            let row = retry_once(|| self.db.query_one_raw(page.clone())).await?;
+            let ids: Option<String> = match row {
+                Some(row) => row.try_get_by_index(0)?,
+                None => None,
+            };
+            let Some(ids) = ids else {
+                return Ok(followers);
+            };
+            let start = followers.len();
+            for id in ids.split(',') {
+                let id = id.parse::<i64>().map_err(|err| {
+                    AppError::Internal(format!("follower id {id:?} from SQLite: {err}"))
+                })?;
+                followers.push(id);
+            }
+            let page = &followers[start..];
+            after = page.iter().copied().max().unwrap_or(i64::MAX);
+            if (page.len() as u64) < FOLLOWER_PAGE {
+                return Ok(followers);
+            }
+        }
+    }
+
+    /// The celebrities `follower` follows (read-time merge), in one query: a page read asks for
+    /// these alone, not for every followee.
+    pub async fn followed_celebrities(&self, follower: i64) -> AppResult<Vec<i64>> {
+        let query = follow_counts::Entity::find()
+            .select_only()
+            .column(follow_counts::Column::UserId)
+            .filter(
+                follow_counts::Column::Followers
+                    .gte(i64::try_from(self.settings.celebrity_followers).unwrap_or(i64::MAX)),
+            )
+            .filter(Expr::col(follow_counts::Column::UserId).in_subquery(followees_of(follower)));
+        Ok(retry_once(|| query.clone().into_tuple().all(&self.db)).await?)
+    }
+
+    /// The articles of `ids` whose author `follower` follows now, in one query.
+    pub async fn followed_articles(
+        &self,
+        follower: i64,
+        ids: &[i64],
+    ) -> AppResult<Vec<articles::Model>> {
+        let query = articles::Entity::find()
+            .filter(articles::Column::Id.is_in(ids.iter().copied()))
+            .filter(Expr::col(articles::Column::AuthorId).in_subquery(followees_of(follower)));
+        Ok(retry_once(|| query.clone().all(&self.db)).await?)
+    }
+
     /// The newest `limit` article ids below `below` by any author `follower` follows, from SQL.
     pub async fn sql_feed(&self, follower: i64, below: i64, limit: u64) -> AppResult<Vec<i64>> {
-        let followees = Query::select()
-            .column(follows::Column::FolloweeId)
-            .from(follows::Entity)
-            .and_where(Expr::col(follows::Column::FollowerId).eq(follower))
-            .to_owned();
         let query = articles::Entity::find()
             .select_only()
             .column(articles::Column::Id)
-            .filter(Expr::col(articles::Column::AuthorId).in_subquery(followees))
+            .filter(Expr::col(articles::Column::AuthorId).in_subquery(followees_of(follower)))
             .filter(articles::Column::Id.lt(below))
             .order_by_desc(articles::Column::Id)
             .limit(limit);
@@ -266,38 +344,58 @@ impl FeedStore {
         Ok((ids, complete))
     }
 
-    /// Delivers `article` to the inboxes of `followers` that exist, in one pipelined round trip;
-    /// `announce` publishes it to those online. Returns how many inboxes it was added to.
-    pub async fn deliver(&self, article: i64, followers: &[i64], announce: bool) -> AppResult<u64> {
-        if followers.is_empty() {
+    /// Delivers `articles` to the inboxes of `followers` that exist, in one pipelined round trip:
+    /// one script call per feed shard among the followers (a fan-out chunk holds one shard, so it
+    /// makes one call). `announce` publishes the new items to those online. Returns how many
+    /// (inbox, article) pairs were added.
+    pub async fn deliver(
+        &self,
+        articles: &[i64],
+        followers: &[i64],
+        announce: bool,
+    ) -> AppResult<u64> {
+        if followers.is_empty() || articles.is_empty() {
             return Ok(0);
+        }
+        let mut by_shard: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
+        for &follower in followers {
+            by_shard
+                .entry(feed_shard(follower))
+                .or_default()
+                .push(follower);
         }
         let mut conn = self.redis.conn.clone();
         let script = &self.redis.scripts.feed_deliver;
         // A pipeline does not reload a script Redis has lost (a restart); load it once up front.
         script.prepare_invoke().load_async(&mut conn).await?;
         let mut pipe = redis::pipe();
-        for &follower in followers {
-            let keys = self.redis.keys.feed_user(follower);
-            let channel = if announce {
-                self.redis.keys.feed_channel(follower)
-            } else {
-                String::new()
-            };
-            let mut invocation = script.prepare_invoke();
-            invocation
-                .key(keys.inbox())
-                .key(keys.inbox_building())
-                .key(keys.no_more())
-                .key(keys.online())
-                .arg(article)
-                .arg(self.settings.cap)
-                .arg(channel);
-            pipe.invoke_script(&invocation);
+        for group in by_shard.values() {
+            for batch in group.chunks(MAX_INBOXES_PER_CALL) {
+                let mut invocation = script.prepare_invoke();
+                invocation.arg(self.settings.cap).arg(articles.len());
+                for &article in articles {
+                    invocation.arg(article);
+                }
+                for &follower in batch {
+                    let keys = self.redis.keys.feed_user(follower);
+                    invocation
+                        .key(keys.inbox())
+                        .key(keys.inbox_building())
+                        .key(keys.no_more())
+                        .key(keys.online());
+                    let channel = if announce {
+                        self.redis.keys.feed_channel(follower)
+                    } else {
+                        String::new()
+                    };
+                    invocation.arg(channel);
+                }
+                pipe.invoke_script(&invocation);
+            }
         }
-        let results: Vec<i64> = pipe.query_async(&mut conn).await?;
-        let added = results.iter().filter(|&&result| result > 0).count() as u64;
-        let announced = results.iter().filter(|&&result| result == 2).count() as u64;
+        let results: Vec<(u64, u64)> = pipe.query_async(&mut conn).await?;
+        let added: u64 = results.iter().map(|(added, _)| added).sum();
+        let announced: u64 = results.iter().map(|(_, announced)| announced).sum();
         self.counters
             .inbox_writes
             .fetch_add(added, Ordering::Relaxed);
@@ -308,6 +406,21 @@ impl FeedStore {
         metrics::counter!("pulse_feed_announcements_total").increment(announced);
         Ok(added)
     }
+}
+
+/// Follower ids one SQLite read returns as one text.
+const FOLLOWER_PAGE: u64 = 10_000;
+
+/// Inboxes one deliver call writes at most: bounds how long one script holds Redis.
+const MAX_INBOXES_PER_CALL: usize = 256;
+
+/// `SELECT followee_id FROM follows WHERE follower_id = follower`, for `IN` filters.
+fn followees_of(follower: i64) -> sea_orm::sea_query::SelectStatement {
+    Query::select()
+        .column(follows::Column::FolloweeId)
+        .from(follows::Entity)
+        .and_where(Expr::col(follows::Column::FollowerId).eq(follower))
+        .to_owned()
 }
 
 /// How much of an author's history an outbox holds.

@@ -9,6 +9,7 @@ use super::FeedStore;
 use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::AppResult;
+use crate::redis::keys::FeedUserKeys;
 
 /// Keys one `SCAN` step asks for.
 const SCAN_COUNT: usize = 1000;
@@ -16,7 +17,6 @@ const SCAN_COUNT: usize = 1000;
 /// Every feed key, grouped by user: key name (`inbox`, `outbox`, …) → full key.
 async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String, String>>> {
     let mut conn = store.redis.conn.clone();
-    let prefix = format!("{}feed:", store.redis.keys.prefix());
     let mut cursor = 0u64;
     let mut found: BTreeMap<i64, BTreeMap<String, String>> = BTreeMap::new();
     loop {
@@ -29,12 +29,7 @@ async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String
             .query_async(&mut conn)
             .await?;
         for key in keys {
-            let parsed = key.strip_prefix(&prefix).and_then(|rest| {
-                let (name, tag) = rest.rsplit_once(":{f:")?;
-                let user = tag.strip_suffix('}')?.parse::<i64>().ok()?;
-                Some((user, name.to_owned()))
-            });
-            if let Some((user, name)) = parsed {
+            if let Some((user, name)) = FeedUserKeys::parse(store.redis.keys.prefix(), &key) {
                 found.entry(user).or_default().insert(name, key);
             }
         }

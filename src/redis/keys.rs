@@ -562,7 +562,19 @@ mod vote_key_tests {
 }
 
 // Feed: each user's inbox (the timeline cache), outbox (their newest article ids), presence and
-// live channel. A user's keys share the hash tag `{f:<user>}`, so every feed script is single-slot.
+// live channel. A user's keys carry the hash tag of the user's feed shard, `{f:<user mod
+// FEED_SHARDS>}`: every feed script is single-slot, and one call can write the inboxes of all the
+// followers of a fan-out chunk, since a chunk holds the followers of one shard.
+
+/// Feed shards. Fewer shards make fuller fan-out batches (a chunk's followers share a shard), more
+/// spread the feed's keys over more slots of a Redis Cluster. Changing it orphans every feed key:
+/// inboxes rebuild on read and `pulse feed vacuum` does not know the old names.
+pub const FEED_SHARDS: u32 = 32;
+
+/// The feed shard of `user`'s keys.
+pub fn feed_shard(user: i64) -> u32 {
+    user.rem_euclid(i64::from(FEED_SHARDS)) as u32
+}
 
 impl Keys {
     /// The feed keys of `user`. See [`FeedUserKeys`].
@@ -610,7 +622,16 @@ pub struct FeedUserKeys<'a> {
 
 impl FeedUserKeys<'_> {
     fn key(&self, name: &str) -> String {
-        format!("{}feed:{name}:{{f:{}}}", self.keys.prefix, self.user)
+        let (prefix, user) = (&self.keys.prefix, self.user);
+        format!("{prefix}feed:{name}:{user}:{{f:{}}}", feed_shard(user))
+    }
+
+    /// The user and key name (`inbox`, `outbox`, …) of a key of this family under `prefix`.
+    pub fn parse(prefix: &str, key: &str) -> Option<(i64, String)> {
+        let (rest, tag) = key.strip_prefix(prefix)?.rsplit_once(":{f:")?;
+        let (name, user) = rest.strip_prefix("feed:")?.rsplit_once(':')?;
+        let user = user.parse::<i64>().ok()?;
+        (tag.strip_suffix('}')? == feed_shard(user).to_string()).then(|| (user, name.to_owned()))
     }
 
     pub fn user(&self) -> i64 {
@@ -676,9 +697,24 @@ mod feed_key_tests {
         ] {
             assert!(key.starts_with("p:feed:"), "{key} lacks the prefix");
             assert_eq!(key.matches('{').count(), 1, "{key} has more than one tag");
-            assert!(key.ends_with("{f:42}"), "{key} is not in user 42's slot");
+            assert!(
+                key.ends_with(":42:{f:10}"),
+                "{key} is not in user 42's shard"
+            );
+            let (user, name) = FeedUserKeys::parse("p:", &key).expect("a feed key parses");
+            assert_eq!(user, 42);
+            assert!(
+                key.starts_with(&format!("p:feed:{name}:")),
+                "{key} parsed as {name}"
+            );
         }
         assert_ne!(user.inbox(), keys.feed_user(43).inbox());
+        assert!(
+            keys.feed_user(74).inbox().ends_with(":74:{f:10}"),
+            "74 is in 42's shard"
+        );
+        assert_eq!(FeedUserKeys::parse("p:", &keys.feed_active()), None);
+        assert_eq!(FeedUserKeys::parse("p:", "p:feed:inbox:42:{f:11}"), None);
         assert_eq!(Keys::new("t*:").feed_pattern(), "t\\*:feed:*");
     }
 }

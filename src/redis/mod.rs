@@ -1,6 +1,7 @@
-//! Redis access: one multiplexed, self-reconnecting connection per process, the key builder and the
-//! script registry. Services take what they need from [`Redis`]; nothing else opens connections,
-//! except the realtime hub's dedicated pub/sub connection.
+//! Redis access: one multiplexed, self-reconnecting connection per process for the API and one for
+//! the background jobs, the key builder and the script registry. Services take what they need from
+//! [`Redis`]; nothing else opens connections, except the realtime hub's dedicated pub/sub
+//! connection.
 
 pub mod embedded;
 pub mod keys;
@@ -18,6 +19,16 @@ use crate::config::redacted_url;
 pub use keys::Keys;
 pub use scripts::Scripts;
 
+/// A multiplexed connection that reconnects by itself, with bounded waits.
+async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(3)))
+        .set_response_timeout(Some(Duration::from_secs(5)))
+        .set_number_of_retries(3)
+        .set_max_delay(Duration::from_secs(2));
+    ConnectionManager::new_with_config(client.clone(), config).await
+}
+
 #[derive(Clone)]
 pub struct Redis {
     pub client: redis::Client,
@@ -31,12 +42,7 @@ impl Redis {
         use anyhow::Context as _;
         Keys::check_prefix(prefix).map_err(anyhow::Error::msg)?;
         let client = redis::Client::open(url).context("invalid REDIS_URL")?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(2));
-        let mut conn = ConnectionManager::new_with_config(client.clone(), config)
+        let mut conn = manager(&client)
             .await
             .with_context(|| format!("cannot connect to Redis at {}", redacted_url(url)))?;
         let scripts = Scripts::load();
@@ -52,6 +58,22 @@ impl Redis {
             },
             keys: Keys::new(prefix),
             scripts: Arc::new(scripts),
+        })
+    }
+
+    /// The same Redis through a connection of its own, for background jobs. Redis answers one
+    /// connection's commands in order, so a job's bulk traffic on the shared connection (a fan-out
+    /// sends thousands of follower ids and inbox writes at once) made every API request queued
+    /// behind it wait: a publish took 30 ms while the previous one fanned out.
+    pub async fn own_connection(&self) -> redis::RedisResult<Self> {
+        Ok(Self {
+            client: self.client.clone(),
+            conn: CountedConnection {
+                inner: manager(&self.client).await?,
+                round_trips: Arc::default(),
+            },
+            keys: self.keys.clone(),
+            scripts: self.scripts.clone(),
         })
     }
 
