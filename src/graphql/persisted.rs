@@ -2,37 +2,16 @@
 //! APQ mode from what any process registered, in trusted mode only from the registered documents.
 //! See [`crate::documents`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use async_graphql::extensions::{
-    Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest, NextRequest,
-};
 use async_graphql::{Request, Response, ServerError, ServerResult};
 
 use super::extensions::whole_request;
 use crate::documents::{DocumentStore, PersistedMode, is_sha256_hex, sha256_hex};
 use crate::error::AppError;
 
+/// The persisted-document stage of [`super::extensions::RequestPipeline`], made once per request.
 pub struct PersistedDocuments {
-    store: DocumentStore,
-}
-
-impl PersistedDocuments {
-    pub fn new(store: DocumentStore) -> Self {
-        Self { store }
-    }
-}
-
-impl ExtensionFactory for PersistedDocuments {
-    fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(PersistedDocumentsExtension {
-            store: self.store.clone(),
-            to_register: Mutex::new(None),
-        })
-    }
-}
-
-struct PersistedDocumentsExtension {
     store: DocumentStore,
     /// A hash and document sent together in APQ mode, registered once the document has run: a
     /// document that does not even validate is not worth keeping for anyone.
@@ -65,7 +44,14 @@ fn requested_hash(request: &Request) -> ServerResult<Option<String>> {
     }
 }
 
-impl PersistedDocumentsExtension {
+impl PersistedDocuments {
+    pub fn new(store: DocumentStore) -> Self {
+        Self {
+            store,
+            to_register: Mutex::new(None),
+        }
+    }
+
     async fn apq(&self, request: &mut Request, hash: Option<String>) -> ServerResult<()> {
         let Some(hash) = hash else { return Ok(()) };
         if request.query.is_empty() {
@@ -102,30 +88,10 @@ impl PersistedDocumentsExtension {
             None => Err(whole_request(AppError::DocumentNotTrusted(hash))),
         }
     }
-}
 
-#[async_trait::async_trait]
-impl Extension for PersistedDocumentsExtension {
-    async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
-        let response = next.run(ctx).await;
-        let registration = self.to_register.lock().expect("lock poisoned").take();
-        let ran = response.errors.iter().all(|error| !error.path.is_empty());
-        if let Some((hash, document)) = registration.filter(|_| ran) {
-            // A client that registers gets its answer either way; a failure here only means the
-            // next hash-only request asks for the full document again.
-            if let Err(err) = self.store.persist(&hash, &document).await {
-                tracing::warn!(error = %err, "persisted query not registered");
-            }
-        }
-        response
-    }
-
-    async fn prepare_request(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        mut request: Request,
-        next: NextPrepareRequest<'_>,
-    ) -> ServerResult<Request> {
+    /// The request with its document in full, from the hash it names where it names one, in the
+    /// mode the server runs in.
+    pub async fn prepare(&self, mut request: Request) -> ServerResult<Request> {
         let hash = requested_hash(&request)?;
         match self.store.mode() {
             PersistedMode::Apq => self.apq(&mut request, hash).await?,
@@ -138,6 +104,19 @@ impl Extension for PersistedDocumentsExtension {
         if request.query.trim().is_empty() {
             return Err(bad_input("the request has no `query`".to_owned()));
         }
-        next.run(ctx, request).await
+        Ok(request)
+    }
+
+    /// Registers the document sent with its hash, once it ran.
+    pub async fn after(&self, response: &Response) {
+        let registration = self.to_register.lock().expect("lock poisoned").take();
+        let ran = response.errors.iter().all(|error| !error.path.is_empty());
+        if let Some((hash, document)) = registration.filter(|_| ran) {
+            // A client that registers gets its answer either way; a failure here only means the
+            // next hash-only request asks for the full document again.
+            if let Err(err) = self.store.persist(&hash, &document).await {
+                tracing::warn!(error = %err, "persisted query not registered");
+            }
+        }
     }
 }

@@ -2,11 +2,10 @@ use std::sync::Arc;
 
 use async_graphql::{MergedObject, MergedSubscription, Schema};
 
-use super::extensions::{DocumentGuard, ErrorCodes, OperationMetrics, QueryLimitsCheck};
+use super::extensions::{DocumentGuard, OperationMetrics, QueryLimitsCheck, RequestPipeline};
 use super::loaders::Loaders;
 use super::node::NodeQuery;
 use super::order::SchemaTypes;
-use super::persisted::PersistedDocuments;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
@@ -62,8 +61,8 @@ pub struct QueryLimits {
     pub introspection: bool,
 }
 
-/// The server's schema: its shape, its limits and the extensions every request passes through, in
-/// order (a persisted document is looked up before the guard checks its text).
+/// The server's schema: its shape, its limits and the pipeline every request passes through (see
+/// [`RequestPipeline`]).
 pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
     let types = SchemaTypes::from_sdl(&sdl()).expect("async-graphql prints SDL its parser reads");
     let builder = Schema::build(
@@ -75,15 +74,16 @@ pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
     // own recursion is bounded by `DocumentGuard`'s scan.
     .limit_recursive_depth(limits.max_depth.saturating_mul(2).max(32))
     .limit_directives(16)
-    .extension(ErrorCodes)
-    .extension(QueryLimitsCheck {
-        max_depth: limits.max_depth,
-        max_complexity: limits.max_complexity,
-    })
-    .extension(OperationMetrics::default())
-    .extension(PersistedDocuments::new(services.documents.clone()))
     // A cached document skips the parse and the guard's checks, which it passed when it was cached.
-    .extension(DocumentGuard::new(limits.max_complexity, Arc::new(types)));
+    .extension(RequestPipeline {
+        limits: QueryLimitsCheck {
+            max_depth: limits.max_depth,
+            max_complexity: limits.max_complexity,
+        },
+        metrics: OperationMetrics::default(),
+        documents: services.documents.clone(),
+        guard: DocumentGuard::new(limits.max_complexity, Arc::new(types)),
+    });
     let builder = if limits.introspection {
         builder
     } else {

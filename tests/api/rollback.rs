@@ -345,7 +345,15 @@ async fn a_rollback_repair_keeps_the_views_sql_does_not_have() {
 #[tokio::test]
 async fn views_during_a_rollback_repair_are_never_counted_twice() {
     const STALE_VIEWS: usize = 20;
-    let app = app_behind_proxy().await;
+    // Four flushers take SQLite's write lock in a loop beside 500 concurrent views: on a busy
+    // machine one can wait longer for it than the default busy timeout.
+    let app = Arc::new(
+        TestApp::spawn_with(|config| {
+            config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+            config.sqlite_busy_timeout = Duration::from_secs(120);
+        })
+        .await,
+    );
     let (token, _) = app.sign_up("busy").await;
     let stale = app.publish_many(&token, "stale", 15).await;
     for (n, article) in stale.iter().enumerate() {
