@@ -5,8 +5,6 @@
 //! dispatched. Idempotent: an entry handled twice queues its chunks twice, and a chunk's writes are
 //! `ZADD`s of one id, so the second adds nothing.
 
-use std::collections::BTreeMap;
-
 use anyhow::{Context as _, anyhow};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
@@ -15,7 +13,7 @@ use super::{FeedStore, fanout};
 use crate::db::retry_once;
 use crate::entities::{articles, feed_publications};
 use crate::jobs::{Entry, Job, JobSpec};
-use crate::redis::keys::feed_shard;
+use crate::redis::keys::by_feed_shard;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "feed-dispatch",
@@ -95,13 +93,7 @@ impl Dispatcher {
     async fn queue_chunks(&self, publication: &Publication) -> anyhow::Result<()> {
         let store = &self.0;
         let followers = store.followers_of(publication.author).await?;
-        let mut by_shard: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
-        for follower in followers {
-            by_shard
-                .entry(feed_shard(follower))
-                .or_default()
-                .push(follower);
-        }
+        let by_shard = by_feed_shard(followers);
         let chunks: Vec<&[i64]> = by_shard
             .values()
             .flat_map(|group| group.chunks(store.settings.fanout_chunk.max(1) as usize))

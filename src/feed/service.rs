@@ -312,7 +312,7 @@ impl FeedService {
         // Active before the pull, so fan-out meanwhile writes into the building key.
         store.mark_active(viewer).await?;
         let cap = u64::from(store.settings.cap);
-        let (fanned_out, _) = store.followees(viewer).await?;
+        let fanned_out = store.fanned_out_followees(viewer).await?;
         let (mut ids, mut complete) = store.pull(&fanned_out).await?;
         ids.sort_unstable_by(|a, b| b.cmp(a));
         ids.dedup();

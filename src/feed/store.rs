@@ -1,6 +1,6 @@
 //! The feed's Redis and SQL primitives, shared by the read path and the jobs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,7 +15,7 @@ use crate::db::retry_once;
 use crate::entities::{articles, follow_counts, follows};
 use crate::error::{AppError, AppResult};
 use crate::redis::Redis;
-use crate::redis::keys::feed_shard;
+use crate::redis::keys::by_feed_shard;
 
 /// The feed's knobs, from the configuration.
 #[derive(Clone, Debug)]
@@ -91,28 +91,22 @@ impl FeedStore {
         Ok(row.is_some())
     }
 
-    /// `follower`'s followees, split into those fanned out to and the celebrities.
-    pub async fn followees(&self, follower: i64) -> AppResult<(Vec<i64>, Vec<i64>)> {
+    /// The followees fanned out to `follower` (everyone they follow but the celebrities).
+    pub async fn fanned_out_followees(&self, follower: i64) -> AppResult<Vec<i64>> {
         let query = follows::Entity::find()
             .select_only()
             .column(follows::Column::FolloweeId)
             .filter(follows::Column::FollowerId.eq(follower));
         let followees: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
-        let mut followers: HashMap<i64, i64> = HashMap::new();
-        for chunk in followees.chunks(500) {
-            let query = follow_counts::Entity::find()
-                .select_only()
-                .column(follow_counts::Column::UserId)
-                .column(follow_counts::Column::Followers)
-                .filter(follow_counts::Column::UserId.is_in(chunk.iter().copied()));
-            let rows: Vec<(i64, i64)> =
-                retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
-            followers.extend(rows);
-        }
-        let threshold = self.settings.celebrity_followers;
-        Ok(followees.into_iter().partition(|followee| {
-            (followers.get(followee).copied().unwrap_or(0) as u64) < threshold
-        }))
+        let celebrities: HashSet<i64> = self
+            .followed_celebrities(follower)
+            .await?
+            .into_iter()
+            .collect();
+        Ok(followees
+            .into_iter()
+            .filter(|followee| !celebrities.contains(followee))
+            .collect())
     }
 
     /// Every follower of `author`. SQLite hands sqlx one row at a time through a channel to its
@@ -357,13 +351,7 @@ impl FeedStore {
         if followers.is_empty() || articles.is_empty() {
             return Ok(0);
         }
-        let mut by_shard: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
-        for &follower in followers {
-            by_shard
-                .entry(feed_shard(follower))
-                .or_default()
-                .push(follower);
-        }
+        let by_shard = by_feed_shard(followers.iter().copied());
         let mut conn = self.redis.conn.clone();
         let script = &self.redis.scripts.feed_deliver;
         // A pipeline does not reload a script Redis has lost (a restart); load it once up front.

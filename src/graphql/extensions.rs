@@ -105,7 +105,7 @@ impl OperationSeries {
 }
 
 /// Request count and latency by operation name and outcome.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct OperationMetrics {
     series: Arc<Mutex<HashMap<String, Arc<OperationSeries>>>>,
 }
@@ -182,6 +182,7 @@ pub enum HttpMethod {
 /// of the CPU of a `recordView` request; cloning a parsed document costs a fraction of that. Neither
 /// check depends on the variables, so a cached document, which passed both, is not checked again.
 /// async-graphql's own checks and validation still run on every request.
+#[derive(Clone)]
 pub struct DocumentGuard {
     /// Nodes the operations of one document may select once spreads are expanded.
     max_expanded: usize,
@@ -329,17 +330,11 @@ impl ExtensionFactory for RequestPipeline {
         Arc::new(RequestStages {
             limits: self.limits,
             metrics: OperationMetricsStage {
-                metrics: OperationMetrics {
-                    series: self.metrics.series.clone(),
-                },
+                metrics: self.metrics.clone(),
                 operation: Mutex::new(None),
             },
             persisted: PersistedDocuments::new(self.documents.clone()),
-            guard: DocumentGuard {
-                max_expanded: self.guard.max_expanded,
-                types: self.guard.types.clone(),
-                documents: self.guard.documents.clone(),
-            },
+            guard: self.guard.clone(),
             executed: Arc::default(),
         })
     }

@@ -5,6 +5,7 @@
 //! one client's attempt counter, `{<tag>:N}` for shard N of a job's streams, where the tag is the
 //! domain's own), which keeps every script single-slot on Redis Cluster.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::actor::Identity;
@@ -576,6 +577,15 @@ pub fn feed_shard(user: i64) -> u32 {
     user.rem_euclid(i64::from(FEED_SHARDS)) as u32
 }
 
+/// `users` grouped by feed shard: the keys of each group share one hash tag.
+pub fn by_feed_shard(users: impl IntoIterator<Item = i64>) -> BTreeMap<u32, Vec<i64>> {
+    let mut groups: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
+    for user in users {
+        groups.entry(feed_shard(user)).or_default().push(user);
+    }
+    groups
+}
+
 impl Keys {
     /// The feed keys of `user`. See [`FeedUserKeys`].
     pub fn feed_user(&self, user: i64) -> FeedUserKeys<'_> {
@@ -716,6 +726,22 @@ mod feed_key_tests {
         assert_eq!(FeedUserKeys::parse("p:", &keys.feed_active()), None);
         assert_eq!(FeedUserKeys::parse("p:", "p:feed:inbox:42:{f:11}"), None);
         assert_eq!(Keys::new("t*:").feed_pattern(), "t\\*:feed:*");
+    }
+
+    #[test]
+    fn a_fan_out_groups_users_whose_inboxes_share_one_hash_tag() {
+        let keys = Keys::new("p:");
+        let groups = by_feed_shard(1..=1000);
+        assert_eq!(groups.len(), FEED_SHARDS as usize);
+        assert_eq!(groups.values().map(Vec::len).sum::<usize>(), 1000);
+        for users in groups.values() {
+            let tags: std::collections::BTreeSet<String> = users
+                .iter()
+                .map(|&user| keys.feed_user(user).inbox())
+                .map(|inbox| inbox[inbox.rfind('{').unwrap()..].to_owned())
+                .collect();
+            assert_eq!(tags.len(), 1, "a group spans the tags {tags:?}");
+        }
     }
 }
 
