@@ -361,11 +361,7 @@ async fn liking_an_unknown_subject_is_not_found_and_changes_nothing() {
         }
     }
 
-    let mut redis = app.state.redis.conn.clone();
-    let keys: Vec<String> = redis
-        .keys(format!("{}*", app.config.redis_prefix))
-        .await
-        .unwrap();
+    let keys = app.keys_under_prefix().await;
     let written: Vec<&String> = keys
         .iter()
         .filter(|key| !key.contains(":job:") || key.contains("dead"))

@@ -7,7 +7,7 @@ use futures_util::future::join_all;
 use redis::AsyncCommands as _;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, redis_url};
+use crate::helpers::TestApp;
 use crate::likes::{app_archiving_on_demand, drain, set_like, users};
 use crate::subscriptions::{Socket, connect, next_message, send};
 
@@ -137,12 +137,8 @@ async fn rebuilding_likes_from_sql_matches_the_live_state() {
     );
 
     // Redis loses every cache: relations, bases, rankings.
-    let client = redis::Client::open(redis_url()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis
-        .keys(format!("{}*", app.config.redis_prefix))
-        .await
-        .unwrap();
+    let mut redis = app.state.redis.conn.clone();
+    let keys = app.keys_under_prefix().await;
     let caches: Vec<&String> = keys
         .iter()
         .filter(|key| {

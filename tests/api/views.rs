@@ -256,12 +256,7 @@ async fn unknown_articles_are_not_found_and_count_nothing() {
     let response = record(&app, &missing, "198.51.100.9", BROWSER).await;
     assert_eq!(error_code(&response), "NOT_FOUND");
 
-    let mut conn = app.state.redis.conn.clone();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", app.state.redis.keys.prefix()))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = app.keys_under_prefix().await;
     // The job runtime creates its (empty) streams at start-up.
     assert!(
         keys.iter()

@@ -247,11 +247,7 @@ fn start_of_next_minute() -> chrono::DateTime<Utc> {
 /// Every key under the app's prefix with a dump of its value.
 async fn everything_under_the_prefix(app: &TestApp) -> Vec<(String, Vec<u8>)> {
     let mut conn = app.state.redis.conn.clone();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", app.state.redis.keys.prefix()))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = app.keys_under_prefix().await;
     let mut dumped = Vec::new();
     for key in keys {
         let value: Vec<u8> = redis::cmd("DUMP")

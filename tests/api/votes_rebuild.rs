@@ -17,11 +17,7 @@ use crate::votes::{admin, cast_at, create_poll, row};
 async fn poll_state(app: &TestApp, poll: i64, options: &[i64]) -> BTreeMap<String, String> {
     let keys = app.state.redis.keys.poll(poll);
     let mut conn = app.state.redis.conn.clone();
-    let boards: Vec<String> = redis::cmd("KEYS")
-        .arg(keys.board_pattern())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let boards = app.keys_matching(&keys.board_pattern()).await;
     let mut state = BTreeMap::new();
     for board in boards {
         let members: Vec<String> = redis::cmd("ZRANGE")
