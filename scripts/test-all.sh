@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The test command: the whole cargo test suite on SQLite, then the integration tests again on
-# PostgreSQL and on MariaDB/MySQL (the tests pick the SQL backend from PULSE_TEST_DATABASE).
+# PostgreSQL and on MariaDB/MySQL (the tests pick the SQL backend from PULSE_TEST_DATABASE), and
+# once more on SQLite with Redis Cluster instead of a single Redis.
 #
-#   bash scripts/test-all.sh                  # sqlite, postgres, mysql
+#   bash scripts/test-all.sh                  # sqlite, postgres, mysql, cluster
 #   bash scripts/test-all.sh sqlite postgres  # only these backends
 #
 # Needs Redis at PULSE_TEST_REDIS_URL, PostgreSQL at PULSE_TEST_POSTGRES_URL and MariaDB at
-# PULSE_TEST_MYSQL_URL (defaults below; `.ci/run` installs and starts all three).
+# PULSE_TEST_MYSQL_URL (defaults below; `.ci/run` installs and starts all three). The cluster
+# backend uses PULSE_TEST_CLUSTER_URL; left unset, it starts a local six-node cluster itself
+# (scripts/redis-cluster.sh, ports 7000-7005, or from PULSE_CLUSTER_BASE_PORT).
 # Every backend runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -euo pipefail
 
@@ -17,6 +20,10 @@ export RUST_TEST_THREADS="${RUST_TEST_THREADS:-8}"
 export PULSE_TEST_POSTGRES_URL="${PULSE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export PULSE_TEST_MYSQL_URL="${PULSE_TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export PULSE_TEST_REDIS_URL="${PULSE_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+# A cluster given by URL is the caller's to run; only the default one is started here.
+CLUSTER_URL_GIVEN=${PULSE_TEST_CLUSTER_URL:+1}
+cluster_base_port=${PULSE_CLUSTER_BASE_PORT:-7000}
+PULSE_TEST_CLUSTER_URL="${PULSE_TEST_CLUSTER_URL:-redis+cluster://127.0.0.1:$cluster_base_port,127.0.0.1:$((cluster_base_port + 1)),127.0.0.1:$((cluster_base_port + 2))}"
 # The tests name their databases pulse_t_<run>_<random>: this run's are dropped after each backend,
 # and no one else's.
 export PULSE_TEST_RUN="${PULSE_TEST_RUN:-$(date +%s)$$}"
@@ -24,13 +31,16 @@ export PULSE_TEST_RUN="${PULSE_TEST_RUN:-$(date +%s)$$}"
 if [[ $# -gt 0 ]]; then
     backends=("$@")
 else
-    backends=(sqlite postgres mysql)
+    backends=(sqlite postgres mysql cluster)
 fi
+# Only the cluster backend runs without the single Redis.
+needs_redis=0
 for backend in "${backends[@]}"; do
     case "$backend" in
-        sqlite | postgres | mysql) ;;
+        sqlite | postgres | mysql) needs_redis=1 ;;
+        cluster) ;;
         *)
-            echo "unknown backend '$backend' (expected sqlite, postgres or mysql)" >&2
+            echo "unknown backend '$backend' (expected sqlite, postgres, mysql or cluster)" >&2
             exit 2
             ;;
     esac
@@ -145,13 +155,31 @@ check_server() {
             mariadb "${MYSQL_ARGS[@]}" -e 'select 1' >/dev/null ||
                 { echo "MariaDB does not answer at $PULSE_TEST_MYSQL_URL" >&2; return 1; }
             ;;
+        cluster)
+            # redis-cli takes no redis+cluster:// URL: ask the first seed. With credentials in the
+            # URL, leave it to the tests.
+            have redis-cli || return 0
+            local seed=${PULSE_TEST_CLUSTER_URL#*://}
+            seed=${seed%%[,/?]*}
+            [[ $seed == *@* ]] && return 0
+            [[ $(timeout 5 redis-cli -h "${seed%:*}" -p "${seed##*:}" cluster info 2>/dev/null) == *cluster_state:ok* ]] ||
+                { echo "Redis Cluster is not healthy at $PULSE_TEST_CLUSTER_URL (no cluster_state:ok from $seed)" >&2; return 1; }
+            ;;
     esac
+}
+
+start_cluster() {
+    [[ -z $CLUSTER_URL_GIVEN ]] || return 0
+    bash scripts/redis-cluster.sh start ||
+        { echo "cannot start the local Redis Cluster (bash scripts/redis-cluster.sh start)" >&2; return 1; }
 }
 
 header "build (tests of the whole workspace)"
 cargo test --workspace --no-run
 
-check_server redis || { echo "start Redis first (see .ci/run)" >&2; exit 1; }
+if ((needs_redis)); then
+    check_server redis || { echo "start Redis first (see .ci/run)" >&2; exit 1; }
+fi
 
 declare -A outcome=()
 for backend in "${backends[@]}"; do
@@ -181,6 +209,17 @@ for backend in "${backends[@]}"; do
                 drop_this_runs_postgres
             else
                 drop_this_runs_mysql
+            fi
+            ;;
+        cluster)
+            # The SQL side is SQLite (temporary files, nothing to drop); only Redis changes.
+            header "Redis Cluster: integration tests (PULSE_TEST_DATABASE=sqlite, $PULSE_TEST_CLUSTER_URL)"
+            if start_cluster && check_server cluster &&
+                PULSE_TEST_DATABASE=sqlite PULSE_TEST_REDIS_URL=$PULSE_TEST_CLUSTER_URL \
+                    cargo test -p pulse --test api; then
+                outcome[$backend]=passed
+            else
+                outcome[$backend]=FAILED
             fi
             ;;
     esac

@@ -11,33 +11,18 @@ use crate::entities::users;
 use crate::error::AppResult;
 use crate::redis::keys::FeedUserKeys;
 
-/// Keys one `SCAN` step asks for.
-const SCAN_COUNT: usize = 1000;
-
 /// Every feed key, grouped by user: key name (`inbox`, `outbox`, …) → full key.
 async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String, String>>> {
-    let mut conn = store.redis.conn.clone();
-    let mut cursor = 0u64;
+    let mut scan = store.redis.scan(store.redis.keys.feed_pattern());
     let mut found: BTreeMap<i64, BTreeMap<String, String>> = BTreeMap::new();
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(store.redis.keys.feed_pattern())
-            .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .query_async(&mut conn)
-            .await?;
+    while let Some(keys) = scan.next_batch().await? {
         for key in keys {
             if let Some((user, name)) = FeedUserKeys::parse(store.redis.keys.prefix(), &key) {
                 found.entry(user).or_default().insert(name, key);
             }
         }
-        if next == 0 {
-            return Ok(found);
-        }
-        cursor = next;
     }
+    Ok(found)
 }
 
 /// What a vacuum removed.

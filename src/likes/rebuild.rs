@@ -77,9 +77,11 @@ pub async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<Re
             let () = writes.query_async(&mut conn).await?;
         }
     }
-    let mut swap = redis::pipe();
-    swap.atomic();
+    // One transaction per shard: a shard's keys share a hash slot, shards do not, and a cluster
+    // runs a transaction in one slot only.
     for (index, shard) in shards.iter().enumerate() {
+        let mut swap = redis::pipe();
+        swap.atomic();
         let written = [
             (shard.base(), filled[index]),
             (shard.base_versions(), filled[index]),
@@ -92,8 +94,8 @@ pub async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<Re
                 swap.del(key).ignore();
             }
         }
+        let () = swap.query_async(&mut conn).await?;
     }
-    let () = swap.query_async(&mut conn).await?;
     rebuilt.relations_dropped = drop_relations(redis).await?;
     Ok(rebuilt)
 }
@@ -103,27 +105,14 @@ async fn drop_relations(redis: &Redis) -> AppResult<u64> {
     let mut conn = redis.conn.clone();
     let mut dropped = 0;
     for index in 0..LIKE_SHARDS {
-        let pattern = redis.keys.like_shard_by_index(index).relation_pattern();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
+        let mut scan = redis.scan(redis.keys.like_shard_by_index(index).relation_pattern());
+        while let Some(keys) = scan.next_batch().await? {
             if !keys.is_empty() {
                 dropped += redis::cmd("UNLINK")
                     .arg(&keys)
                     .query_async::<u64>(&mut conn)
                     .await?;
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
     }
     Ok(dropped)

@@ -3,7 +3,8 @@
 //! Channels are reference-counted by local subscribers: the first subscriber of a channel makes the
 //! connection SUBSCRIBE, the last one to leave makes it UNSUBSCRIBE. Messages fan out to local
 //! subscribers through a tokio broadcast channel. When the connection drops, it is re-established
-//! with backoff and every channel still wanted is subscribed again.
+//! with backoff (to the next node, on a cluster) and every channel still wanted is subscribed
+//! again.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -46,14 +47,19 @@ enum Command {
 
 impl Hub {
     /// Starts the connection task; it stops when `shutdown` is cancelled.
-    pub fn start(client: redis::Client, shutdown: CancellationToken, tasks: &TaskTracker) -> Self {
+    /// `nodes` are tried in turn (see [`crate::redis::Target::pubsub_nodes`]).
+    pub fn start(
+        nodes: Vec<redis::Client>,
+        shutdown: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Self {
         let (commands, receiver) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             channels: Mutex::new(HashMap::new()),
             commands,
         });
         tasks.spawn(run_connection(
-            client,
+            nodes,
             Arc::downgrade(&inner),
             receiver,
             shutdown,
@@ -146,13 +152,13 @@ impl Drop for Membership {
 }
 
 async fn run_connection(
-    client: redis::Client,
+    nodes: Vec<redis::Client>,
     hub: std::sync::Weak<Inner>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     shutdown: CancellationToken,
 ) {
     let mut delay = Duration::from_millis(100);
-    loop {
+    for client in nodes.iter().cycle() {
         let connected = tokio::select! {
             _ = shutdown.cancelled() => return,
             connected = client.get_async_pubsub() => connected,

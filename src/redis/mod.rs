@@ -1,37 +1,28 @@
 //! Redis access: one multiplexed, self-reconnecting connection per process for the API and one for
 //! the background jobs, the key builder and the script registry. Services take what they need from
 //! [`Redis`]; nothing else opens connections, except the realtime hub's dedicated pub/sub
-//! connection.
+//! connection. The same types serve a single server and a Redis Cluster (see [`link`]).
 
 pub mod embedded;
 pub mod keys;
+pub mod link;
 pub mod scripts;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::config::redacted_url;
 
 pub use keys::Keys;
+pub use link::{Link, Target};
 pub use scripts::Scripts;
-
-/// A multiplexed connection that reconnects by itself, with bounded waits.
-async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(3)))
-        .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_number_of_retries(3)
-        .set_max_delay(Duration::from_secs(2));
-    ConnectionManager::new_with_config(client.clone(), config).await
-}
 
 #[derive(Clone)]
 pub struct Redis {
-    pub client: redis::Client,
+    pub target: Target,
     pub conn: CountedConnection,
     pub keys: Keys,
     pub scripts: Arc<Scripts>,
@@ -41,8 +32,9 @@ impl Redis {
     pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         Keys::check_prefix(prefix).map_err(anyhow::Error::msg)?;
-        let client = redis::Client::open(url).context("invalid REDIS_URL")?;
-        let mut conn = manager(&client)
+        let target = Target::parse(url).context("invalid REDIS_URL")?;
+        let mut conn = target
+            .connect()
             .await
             .with_context(|| format!("cannot connect to Redis at {}", redacted_url(url)))?;
         let scripts = Scripts::load();
@@ -51,7 +43,7 @@ impl Redis {
             .await
             .context("cannot load Lua scripts into Redis")?;
         Ok(Self {
-            client,
+            target,
             conn: CountedConnection {
                 inner: conn,
                 round_trips: Arc::default(),
@@ -67,9 +59,9 @@ impl Redis {
     /// behind it wait: a publish took 30 ms while the previous one fanned out.
     pub async fn own_connection(&self) -> redis::RedisResult<Self> {
         Ok(Self {
-            client: self.client.clone(),
+            target: self.target.clone(),
             conn: CountedConnection {
-                inner: manager(&self.client).await?,
+                inner: self.target.connect().await?,
                 round_trips: Arc::default(),
             },
             keys: self.keys.clone(),
@@ -132,6 +124,16 @@ impl Redis {
         Ok(merged)
     }
 
+    /// Every key matching `pattern`, a `SCAN` step at a time (on every master of a cluster).
+    pub fn scan(&self, pattern: impl Into<String>) -> KeyScan {
+        KeyScan {
+            link: self.conn.inner.clone(),
+            pattern: pattern.into(),
+            nodes: None,
+            cursor: 0,
+        }
+    }
+
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
         redis::cmd("PING").query_async::<()>(&mut conn).await
@@ -142,7 +144,7 @@ impl Redis {
 /// sent), so that what a request costs in round trips can be measured rather than argued.
 #[derive(Clone)]
 pub struct CountedConnection {
-    inner: ConnectionManager,
+    inner: Link,
     round_trips: Arc<AtomicU64>,
 }
 
@@ -171,5 +173,55 @@ impl ConnectionLike for CountedConnection {
 
     fn get_db(&self) -> i64 {
         self.inner.get_db()
+    }
+}
+
+/// Keys to read through a [`Redis::scan`]; like `SCAN` itself, a key may come twice, and keys
+/// written during the scan may or may not come.
+pub struct KeyScan {
+    link: Link,
+    pattern: String,
+    /// Nodes still to scan, the current one last; filled by the first step.
+    nodes: Option<Vec<Option<(String, u16)>>>,
+    cursor: u64,
+}
+
+/// Keys one `SCAN` step asks a node to look at.
+const SCAN_COUNT: usize = 1000;
+
+impl KeyScan {
+    /// The next batch of keys (possibly empty), or `None` once every node has been scanned.
+    pub async fn next_batch(&mut self) -> redis::RedisResult<Option<Vec<String>>> {
+        if self.nodes.is_none() {
+            let mut nodes = self.link.scan_nodes().await?;
+            nodes.reverse();
+            self.nodes = Some(nodes);
+        }
+        let nodes = self.nodes.as_mut().expect("filled above");
+        let Some(node) = nodes.last() else {
+            return Ok(None);
+        };
+        let mut step = redis::cmd("SCAN");
+        step.arg(self.cursor)
+            .arg("MATCH")
+            .arg(&self.pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT);
+        let reply = self.link.on_node(node, step).await?;
+        let (next, keys): (u64, Vec<String>) = redis::from_redis_value(reply)?;
+        self.cursor = next;
+        if next == 0 {
+            nodes.pop();
+        }
+        Ok(Some(keys))
+    }
+
+    /// Every key left, collected.
+    pub async fn collect(mut self) -> redis::RedisResult<Vec<String>> {
+        let mut all = Vec::new();
+        while let Some(keys) = self.next_batch().await? {
+            all.extend(keys);
+        }
+        Ok(all)
     }
 }

@@ -1,7 +1,8 @@
 //! Lua scripts, compiled into the binary from `lua/` and invoked by name.
 //!
 //! `redis::Script` sends EVALSHA and falls back to loading the body on NOSCRIPT, so a Redis that
-//! restarted (or a replica promoted) mid-run costs one extra round trip, never an error.
+//! restarted (or a replica promoted) mid-run costs one extra round trip, never an error. On a
+//! cluster, `SCRIPT LOAD` goes to every master and EVALSHA to the master of the script's keys.
 
 use redis::Script;
 
@@ -87,7 +88,7 @@ impl Scripts {
     /// does not pay the NOSCRIPT round trip.
     pub async fn preload(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut impl redis::aio::ConnectionLike,
     ) -> redis::RedisResult<()> {
         for script in self.all() {
             script.prepare_invoke().load_async(conn).await?;

@@ -103,9 +103,11 @@ pub async fn rebuild(
         }
         let () = writes.query_async(&mut conn).await?;
     }
-    let mut swap = redis::pipe();
-    swap.atomic();
+    // One transaction per shard: a shard's keys share a hash slot, shards do not, and a cluster
+    // runs a transaction in one slot only.
     for (shard, filled) in shards.iter().zip(filled) {
+        let mut swap = redis::pipe();
+        swap.atomic();
         if filled {
             if with_base {
                 swap.rename(aside(shard.base()), shard.base()).ignore();
@@ -118,7 +120,7 @@ pub async fn rebuild(
             }
             swap.del(shard.rank_all_time()).ignore();
         }
+        let () = swap.query_async(&mut conn).await?;
     }
-    let () = swap.query_async(&mut conn).await?;
     Ok(rebuilt)
 }

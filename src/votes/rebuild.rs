@@ -128,23 +128,8 @@ pub async fn rebuild_poll(
 
     let mut conn = redis.conn.clone();
     let now_ms = Utc::now().timestamp_millis();
-    let mut stale: Vec<String> = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(keys.board_pattern())
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        stale.extend(found.into_iter().filter(|key| !key.ends_with(":rebuild")));
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
+    let mut stale: Vec<String> = redis.scan(keys.board_pattern()).collect().await?;
+    stale.retain(|key| !key.ends_with(":rebuild"));
     let mut writes = redis::pipe();
     for (key, built) in &boards {
         if built.expire_at.is_some_and(|at| at <= now_ms) {

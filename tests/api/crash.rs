@@ -161,8 +161,11 @@ async fn post(
 }
 
 async fn batches_in_flight(config: &Config) -> usize {
-    let client = redis::Client::open(config.redis_url.as_deref().unwrap()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = pulse::redis::Target::parse(config.redis_url.as_deref().unwrap())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let keys = pulse::redis::Keys::new(config.redis_prefix.clone());
     let mut in_flight = 0;
     for shard in 0..pulse::redis::keys::VIEW_SHARDS {

@@ -183,13 +183,8 @@ pub(crate) async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> b
     }
 }
 
-pub(crate) async fn redis_conn(app: &TestApp) -> redis::aio::MultiplexedConnection {
-    app.state
-        .redis
-        .client
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+pub(crate) async fn redis_conn(app: &TestApp) -> pulse::redis::Link {
+    app.state.redis.target.connect().await.unwrap()
 }
 
 /// Whether `article` sits in `user`'s inbox.

@@ -105,7 +105,7 @@ async fn rebuild_feed_reloads_a_damaged_outbox_from_sql() {
         .unwrap();
     // Whether a page shows the damage depends on whether it was served from the outbox or from
     // SQL, so the damage and the repair are checked on the outbox itself.
-    let outbox_ids = async |conn: &mut redis::aio::MultiplexedConnection| -> Vec<i64> {
+    let outbox_ids = async |conn: &mut pulse::redis::Link| -> Vec<i64> {
         let mut ids: Vec<i64> = redis::cmd("ZRANGE")
             .arg(&outbox)
             .arg(0)

@@ -156,27 +156,10 @@ impl TestApp {
     /// Every key matching `pattern`, by `SCAN` steps: `KEYS` blocks the shared Redis for the whole
     /// keyspace of every test running beside this one, and timed out under CI's load.
     pub async fn keys_matching(&self, pattern: &str) -> Vec<String> {
-        let mut conn = self.state.redis.conn.clone();
-        let mut keys = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            keys.extend(batch);
-            if next == 0 {
-                keys.sort();
-                keys.dedup();
-                return keys;
-            }
-            cursor = next;
-        }
+        let mut keys = self.state.redis.scan(pattern).collect().await.unwrap();
+        keys.sort();
+        keys.dedup();
+        keys
     }
 
     /// Every key under the app's prefix.

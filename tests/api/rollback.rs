@@ -24,25 +24,11 @@ use crate::views::{
 struct Snapshot(Vec<(String, Vec<u8>, i64)>);
 
 async fn prefix_keys(redis: &Redis) -> Vec<String> {
-    let mut conn = redis.conn.clone();
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{}*", redis.keys.prefix()))
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        keys.extend(page);
-        if next == 0 {
-            return keys;
-        }
-        cursor = next;
-    }
+    redis
+        .scan(format!("{}*", redis.keys.prefix()))
+        .collect()
+        .await
+        .unwrap()
 }
 
 async fn snapshot(redis: &Redis) -> Snapshot {

@@ -1,0 +1,416 @@
+//! The one connection type every service uses, whether Redis is a single server or a Redis
+//! Cluster, so domain code never branches on the deployment.
+//!
+//! `REDIS_URL` names a single server as usual (`redis://host:6379/0`) or a cluster by its seed
+//! nodes: `redis+cluster://[user:password@]host:port[,host:port…]`. The `redis` crate has no URL
+//! form for a seed list, and a scheme of our own keeps the whole setting in one variable.
+
+use std::time::Duration;
+
+use futures_util::future::try_join_all;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+const CLUSTER_SCHEME: &str = "redis+cluster://";
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where Redis is.
+#[derive(Clone)]
+pub enum Target {
+    Single(redis::Client),
+    Cluster {
+        client: Box<ClusterClient>,
+        /// One client per seed node, for the pub/sub connection (see [`Target::pubsub_nodes`]).
+        seeds: Vec<redis::Client>,
+    },
+}
+
+impl Target {
+    pub fn parse(url: &str) -> RedisResult<Self> {
+        let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
+            return Ok(Self::Single(redis::Client::open(url)?));
+        };
+        let (credentials, hosts) = match rest.rsplit_once('@') {
+            Some((credentials, hosts)) => (Some(credentials), hosts),
+            None => (None, rest),
+        };
+        let seeds: Vec<String> = hosts
+            .trim_end_matches('/')
+            .split(',')
+            .map(str::trim)
+            .filter(|host| !host.is_empty())
+            .map(|host| match credentials {
+                Some(credentials) => format!("redis://{credentials}@{host}"),
+                None => format!("redis://{host}"),
+            })
+            .collect();
+        if seeds.is_empty() {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "a redis+cluster:// URL needs at least one host:port",
+            )));
+        }
+        let clients = seeds
+            .iter()
+            .map(|seed| redis::Client::open(seed.as_str()))
+            .collect::<RedisResult<Vec<_>>>()?;
+        let client = ClusterClientBuilder::new(seeds)
+            .connection_timeout(CONNECTION_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .retries(3)
+            .build()?;
+        Ok(Self::Cluster {
+            client: Box::new(client),
+            seeds: clients,
+        })
+    }
+
+    /// A multiplexed connection that reconnects by itself (and, on a cluster, follows the slots
+    /// as they move), with bounded waits.
+    pub async fn connect(&self) -> RedisResult<Link> {
+        match self {
+            Self::Single(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECTION_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                    .set_number_of_retries(3)
+                    .set_max_delay(Duration::from_secs(2));
+                Ok(Link::Single(
+                    ConnectionManager::new_with_config(client.clone(), config).await?,
+                ))
+            }
+            Self::Cluster { client, .. } => Ok(Link::Cluster(client.get_async_connection().await?)),
+        }
+    }
+
+    /// Nodes the pub/sub connection may use, to try in turn. A cluster forwards every `PUBLISH`
+    /// to all of its nodes, so one subscription on any node hears the whole cluster, and the
+    /// next seed takes over when that node goes away.
+    pub fn pubsub_nodes(&self) -> Vec<redis::Client> {
+        match self {
+            Self::Single(client) => vec![client.clone()],
+            Self::Cluster { seeds, .. } => seeds.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub enum Link {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    /// The masters' addresses on a cluster (each holds its own keys, so a scan visits them all);
+    /// `[None]`, the one server, otherwise.
+    pub async fn scan_nodes(&mut self) -> RedisResult<Vec<Option<(String, u16)>>> {
+        let Self::Cluster(conn) = self else {
+            return Ok(vec![None]);
+        };
+        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+        let mut masters = Vec::new();
+        if let Value::Array(ranges) = slots {
+            for range in ranges {
+                let Value::Array(fields) = range else {
+                    continue;
+                };
+                if let Some(Value::Array(master)) = fields.get(2)
+                    && let [host, port, ..] = master.as_slice()
+                {
+                    let host: String = redis::from_redis_value_ref(host)?;
+                    let port: u16 = redis::from_redis_value_ref(port)?;
+                    if !masters.contains(&Some((host.clone(), port))) {
+                        masters.push(Some((host, port)));
+                    }
+                }
+            }
+        }
+        Ok(masters)
+    }
+
+    /// `cmd` on one node of [`Link::scan_nodes`].
+    pub async fn on_node(&mut self, node: &Option<(String, u16)>, cmd: Cmd) -> RedisResult<Value> {
+        match (self, node) {
+            (Self::Cluster(conn), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                conn.route_command(cmd, routing).await
+            }
+            (link, _) => link.req_packed_command(&cmd).await,
+        }
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if let Err(err) = script_keys_share_a_slot(cmd) {
+            return Box::pin(async move { Err(err) });
+        }
+        match self {
+            Self::Single(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        if let Err(err) = pipeline.cmd_iter().try_for_each(script_keys_share_a_slot) {
+            return Box::pin(async move { Err(err) });
+        }
+        if let Self::Cluster(conn) = self
+            && !pipeline.is_transaction()
+        {
+            let conn = conn.clone();
+            return Box::pin(async move {
+                let replies = across_slots(conn, pipeline).await?;
+                Ok(replies.into_iter().skip(offset).take(count).collect())
+            });
+        }
+        match self {
+            Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            // A transaction must stay in one slot, and the cluster connection says so if not.
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(conn) => conn.get_db(),
+            Self::Cluster(_) => 0,
+        }
+    }
+}
+
+/// A pipeline that spans slots (shards' rankings, many users' keys) on a cluster. Each slot's
+/// commands go as one pipeline to their node, in their order (a later command may read what an
+/// earlier one wrote), all slots at once. A command with no single slot (no key, keys in several
+/// slots) goes alone, once everything before it has answered and before anything after it is
+/// sent, so the pipeline's order holds for it too; the cluster connection routes it (and splits a
+/// multi-key command by slot) as when sent alone.
+async fn across_slots(conn: ClusterConnection, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
+    let commands: Vec<&Cmd> = pipeline.cmd_iter().collect();
+    let mut replies: Vec<Option<Value>> = vec![None; commands.len()];
+    let mut start = 0;
+    while start < commands.len() {
+        let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+        let mut end = start;
+        while end < commands.len() {
+            let Some(slot) = slot_of(commands[end]) else {
+                break;
+            };
+            match groups.iter_mut().find(|(group, _)| *group == slot) {
+                Some((_, members)) => members.push(end),
+                None => groups.push((slot, vec![end])),
+            }
+            end += 1;
+        }
+        let sent = groups.into_iter().map(|(_, members)| {
+            let mut conn = conn.clone();
+            let mut group = redis::pipe();
+            for &index in &members {
+                group.add_command(commands[index].clone());
+            }
+            async move {
+                let values = conn.req_packed_commands(&group, 0, members.len()).await?;
+                RedisResult::Ok(members.into_iter().zip(values))
+            }
+        });
+        for (index, value) in try_join_all(sent).await?.into_iter().flatten() {
+            replies[index] = Some(value);
+        }
+        if end < commands.len() {
+            let mut conn = conn.clone();
+            replies[end] = Some(conn.req_packed_command(commands[end]).await?);
+            end += 1;
+        }
+        start = end;
+    }
+    replies
+        .into_iter()
+        .map(|reply| {
+            reply.ok_or_else(|| {
+                RedisError::from((ErrorKind::Client, "a pipeline reply went missing"))
+            })
+        })
+        .collect()
+}
+
+/// The one slot `cmd` touches, when it is sure: the first key of a script call, every key of the
+/// multi-key commands when they agree, else the first argument (where Redis puts the key of
+/// nearly every command). `None` for the commands with no key, keys elsewhere, or keys in several
+/// slots.
+fn slot_of(cmd: &Cmd) -> Option<Slot> {
+    let args: Vec<&[u8]> = cmd
+        .args_iter()
+        .filter_map(|arg| match arg {
+            Arg::Simple(arg) => Some(arg),
+            _ => None,
+        })
+        .collect();
+    let (name, rest) = args.split_first()?;
+    let name = name.to_ascii_uppercase();
+    let is = |names: &[&str]| {
+        names
+            .iter()
+            .any(|known| known.as_bytes() == name.as_slice())
+    };
+    let keys: &[&[u8]] = if is(&["EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO"]) {
+        let count: usize = std::str::from_utf8(rest.get(1)?).ok()?.parse().ok()?;
+        rest.get(2..2 + count)?
+    } else if is(&[
+        "DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "PFCOUNT", "RENAME", "RENAMENX",
+    ]) {
+        rest
+    } else if is(&[
+        "PING",
+        "PUBLISH",
+        "SCRIPT",
+        "INFO",
+        "CONFIG",
+        "CLUSTER",
+        "TIME",
+        "ECHO",
+        "CLIENT",
+        "COMMAND",
+        "MEMORY",
+        "DBSIZE",
+        "FLUSHDB",
+        "FLUSHALL",
+        "SCAN",
+        "KEYS",
+        "XREAD",
+        "XREADGROUP",
+        "WAIT",
+        "MULTI",
+        "EXEC",
+    ]) {
+        return None;
+    } else {
+        rest.get(..1)?
+    };
+    let (first, others) = keys.split_first()?;
+    let slot = Slot::for_key(first);
+    others
+        .iter()
+        .all(|key| Slot::for_key(key) == slot)
+        .then_some(slot)
+}
+
+/// Refuses a script call whose keys lie in more than one hash slot. A cluster refuses such a
+/// call too, but only when the keys happen to sit on different nodes; checking every call, on a
+/// single server as well, makes each test that runs a script a check that it keeps the rule.
+fn script_keys_share_a_slot(cmd: &Cmd) -> RedisResult<()> {
+    let mut args = cmd.args_iter();
+    let Some(Arg::Simple(name)) = args.next() else {
+        return Ok(());
+    };
+    let is_script = [b"EVALSHA".as_slice(), b"EVAL", b"EVALSHA_RO", b"EVAL_RO"]
+        .iter()
+        .any(|script| name.eq_ignore_ascii_case(script));
+    if !is_script {
+        return Ok(());
+    }
+    let _body_or_sha = args.next();
+    let key_count = match args.next() {
+        Some(Arg::Simple(count)) => std::str::from_utf8(count)
+            .ok()
+            .and_then(|count| count.parse::<usize>().ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    let keys: Vec<&[u8]> = args
+        .take(key_count)
+        .filter_map(|arg| match arg {
+            Arg::Simple(key) => Some(key),
+            _ => None,
+        })
+        .collect();
+    let Some((first, rest)) = keys.split_first() else {
+        return Ok(());
+    };
+    let slot = Slot::for_key(first);
+    match rest.iter().find(|key| Slot::for_key(key) != slot) {
+        None => Ok(()),
+        Some(stray) => Err(RedisError::from((
+            ErrorKind::Client,
+            "CROSSSLOT: a script's keys must share one hash slot",
+            format!(
+                "{} and {} hash to different slots",
+                String::from_utf8_lossy(first),
+                String::from_utf8_lossy(stray)
+            ),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn script_call(keys: &[&str]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg("0123456789abcdef0123456789abcdef01234567")
+            .arg(keys.len())
+            .arg(keys)
+            .arg("argument {other}");
+        cmd
+    }
+
+    #[test]
+    fn script_keys_under_one_hash_tag_pass_and_keys_across_two_slots_are_refused() {
+        assert!(script_keys_share_a_slot(&script_call(&["p:{v:1}:a", "p:{v:1}:b"])).is_ok());
+        // Arguments are not keys: only the declared keys count.
+        assert!(script_keys_share_a_slot(&script_call(&["p:{v:1}:a"])).is_ok());
+        let refused = script_keys_share_a_slot(&script_call(&["p:{v:1}:a", "p:{v:2}:b"]))
+            .expect_err("keys of two tags span two slots");
+        assert!(refused.to_string().contains("p:{v:2}:b"), "{refused}");
+        // Other commands are left to the cluster connection's own routing.
+        assert!(script_keys_share_a_slot(redis::cmd("MGET").arg("a").arg("b")).is_ok());
+    }
+
+    #[test]
+    fn a_command_has_one_slot_only_when_all_its_keys_agree() {
+        let tagged = Slot::for_key("{t}");
+        assert_eq!(
+            slot_of(redis::cmd("ZADD").arg("x:{t}").arg(1).arg("m")),
+            Some(tagged)
+        );
+        assert_eq!(slot_of(&script_call(&["a{t}", "b{t}"])), Some(tagged));
+        assert_eq!(
+            slot_of(redis::cmd("DEL").arg("a{t}").arg("b{t}")),
+            Some(tagged)
+        );
+        assert_eq!(slot_of(redis::cmd("DEL").arg("a{t}").arg("b{u}")), None);
+        assert_eq!(slot_of(redis::cmd("PUBLISH").arg("x{t}").arg("m")), None);
+        assert_eq!(slot_of(&script_call(&[])), None);
+    }
+
+    #[test]
+    fn cluster_urls_name_their_seeds_and_others_are_single_servers() {
+        let target = Target::parse("redis+cluster://u:secret@127.0.0.1:7000,127.0.0.1:7001/")
+            .expect("a seed list parses");
+        let Target::Cluster { seeds, .. } = &target else {
+            panic!("a redis+cluster:// URL is a cluster");
+        };
+        let addresses: Vec<String> = seeds
+            .iter()
+            .map(|seed| seed.get_connection_info().addr().to_string())
+            .collect();
+        assert_eq!(addresses, ["127.0.0.1:7000", "127.0.0.1:7001"]);
+        assert!(matches!(
+            Target::parse("redis://127.0.0.1:6379/2"),
+            Ok(Target::Single(_))
+        ));
+        assert!(Target::parse("redis+cluster://").is_err());
+    }
+}
