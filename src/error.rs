@@ -97,11 +97,25 @@ impl AppError {
     }
 }
 
+/// Redis out of reach for now, including a cluster between a master's failure and its replica's
+/// promotion (no connection to the slot's node, CLUSTERDOWN, TRYAGAIN, a replica not yet
+/// writable) or a node still loading its data.
 fn is_redis_unreachable(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
     err.is_io_error()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || err.is_timeout()
+        || err.is_cluster_error()
+        || matches!(
+            err.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::BusyLoading
+                )
+        )
 }
 
 impl ErrorExtensions for AppError {

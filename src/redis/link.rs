@@ -107,7 +107,7 @@ pub enum Link {
 impl Link {
     /// The masters' addresses on a cluster (each holds its own keys, so a scan visits them all);
     /// `[None]`, the one server, otherwise.
-    pub async fn scan_nodes(&mut self) -> RedisResult<Vec<Option<(String, u16)>>> {
+    pub async fn masters(&mut self) -> RedisResult<Vec<Option<(String, u16)>>> {
         let Self::Cluster(conn) = self else {
             return Ok(vec![None]);
         };
@@ -132,7 +132,7 @@ impl Link {
         Ok(masters)
     }
 
-    /// `cmd` on one node of [`Link::scan_nodes`].
+    /// `cmd` on one node of [`Link::masters`].
     pub async fn on_node(&mut self, node: &Option<(String, u16)>, cmd: Cmd) -> RedisResult<Value> {
         match (self, node) {
             (Self::Cluster(conn), Some((host, port))) => {

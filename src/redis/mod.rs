@@ -134,9 +134,13 @@ impl Redis {
         }
     }
 
+    /// Every master answers (a cluster is not whole while one is down and not yet replaced).
     pub async fn ping(&self) -> redis::RedisResult<()> {
-        let mut conn = self.conn.clone();
-        redis::cmd("PING").query_async::<()>(&mut conn).await
+        let mut link = self.conn.inner.clone();
+        for node in link.masters().await? {
+            link.on_node(&node, redis::cmd("PING")).await?;
+        }
+        Ok(())
     }
 }
 
@@ -193,7 +197,7 @@ impl KeyScan {
     /// The next batch of keys (possibly empty), or `None` once every node has been scanned.
     pub async fn next_batch(&mut self) -> redis::RedisResult<Option<Vec<String>>> {
         if self.nodes.is_none() {
-            let mut nodes = self.link.scan_nodes().await?;
+            let mut nodes = self.link.masters().await?;
             nodes.reverse();
             self.nodes = Some(nodes);
         }
