@@ -194,7 +194,7 @@ async fn the_rebuild_command_drops_cached_relations_and_keeps_counts() {
 }
 
 /// Subscribes to `articleStatsChanged` on `app`; returns the socket once acknowledged.
-async fn watch_stats(app: &TestApp, article: &str) -> Socket {
+pub(crate) async fn watch_stats(app: &TestApp, article: &str) -> Socket {
     let mut socket = connect(app, "graphql-transport-ws", json!({})).await;
     assert_eq!(
         next_message(&mut socket).await.unwrap()["type"],
@@ -211,7 +211,7 @@ async fn watch_stats(app: &TestApp, article: &str) -> Socket {
 }
 
 /// The next stats pushed on `socket`: `(views, likes, comments)`.
-async fn next_stats(socket: &mut Socket) -> (i64, i64, i64) {
+pub(crate) async fn next_stats(socket: &mut Socket) -> (i64, i64, i64) {
     let message = next_message(socket)
         .await
         .expect("the subscription goes on");
