@@ -77,7 +77,7 @@ impl AppError {
             // The client did not send its body in time: its request to fix, like any other.
             Self::BodyTimeout(_) => "BAD_USER_INPUT",
             Self::Database(err) if crate::db::transient(err).is_some() => "UNAVAILABLE",
-            Self::Redis(err) if is_redis_unreachable(err) => "UNAVAILABLE",
+            Self::Redis(err) if crate::redis::link::is_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
             Self::Shared(err) => err.code(),
         }
@@ -95,27 +95,6 @@ impl AppError {
     pub fn shared(self) -> std::sync::Arc<Self> {
         std::sync::Arc::new(self)
     }
-}
-
-/// Redis out of reach for now, including a cluster between a master's failure and its replica's
-/// promotion (no connection to the slot's node, CLUSTERDOWN, TRYAGAIN, a replica not yet
-/// writable) or a node still loading its data.
-fn is_redis_unreachable(err: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_timeout()
-        || err.is_cluster_error()
-        || matches!(
-            err.kind(),
-            ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                        | ServerErrorKind::BusyLoading
-                )
-        )
 }
 
 impl ErrorExtensions for AppError {

@@ -5,14 +5,17 @@
 //! nodes: `redis+cluster://[user:password@]host:port[,host:port…]`. The `redis` crate has no URL
 //! form for a seed list, and a scheme of our own keeps the whole setting in one variable.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
-use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{
+    Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+};
 
 const CLUSTER_SCHEME: &str = "redis+cluster://";
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(3);
@@ -83,7 +86,13 @@ impl Target {
                     ConnectionManager::new_with_config(client.clone(), config).await?,
                 ))
             }
-            Self::Cluster { client, .. } => Ok(Link::Cluster(client.get_async_connection().await?)),
+            Self::Cluster { client, .. } => {
+                Ok(Link::Cluster(ClusterLink(Arc::new(ClusterShared {
+                    current: RwLock::new(client.get_async_connection().await?),
+                    client: (**client).clone(),
+                    last_replaced: Mutex::new(Instant::now()),
+                }))))
+            }
         }
     }
 
@@ -101,17 +110,106 @@ impl Target {
 #[derive(Clone)]
 pub enum Link {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
+}
+
+/// A cluster connection, replaced by a fresh one while it keeps failing. The `redis` crate's
+/// cluster connection repairs itself after a failover, but not always: in the failover test it
+/// sometimes kept timing out for a minute after the replica had been promoted (requests queued
+/// behind repeated reconnects to the initial nodes), while a new connection, which discovers the
+/// slots afresh, worked at once.
+#[derive(Clone)]
+pub struct ClusterLink(Arc<ClusterShared>);
+
+struct ClusterShared {
+    client: ClusterClient,
+    current: RwLock<ClusterConnection>,
+    last_replaced: Mutex<Instant>,
+}
+
+/// How often, at most, a failing cluster connection is replaced.
+const REPLACE_EVERY: Duration = Duration::from_secs(2);
+
+impl ClusterLink {
+    fn current(&self) -> ClusterConnection {
+        self.0.current.read().expect("cluster link lock").clone()
+    }
+
+    /// Replaces the connection (in the background) when `result` says the cluster is out of reach
+    /// and the last replacement is old enough.
+    fn observe<T>(&self, result: &RedisResult<T>) {
+        let Err(err) = result else {
+            return;
+        };
+        if !is_unreachable(err) {
+            return;
+        }
+        {
+            let mut last = self.0.last_replaced.lock().expect("cluster link lock");
+            if last.elapsed() < REPLACE_EVERY {
+                return;
+            }
+            *last = Instant::now();
+        }
+        let shared = self.0.clone();
+        tokio::spawn(async move {
+            match shared.client.get_async_connection().await {
+                Ok(fresh) => {
+                    *shared.current.write().expect("cluster link lock") = fresh;
+                    tracing::warn!("Redis Cluster unreachable: replaced the connection");
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "Redis Cluster unreachable: no new connection yet")
+                }
+            }
+        });
+    }
+
+    async fn run<T>(
+        &self,
+        request: impl AsyncFnOnce(ClusterConnection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let result = request(self.current()).await;
+        self.observe(&result);
+        result
+    }
+}
+
+/// Redis out of reach for now: connections down or timing out, and on a cluster the time between
+/// a master's failure and its replica's promotion (no connection to the slot's node, CLUSTERDOWN,
+/// TRYAGAIN, a replica not yet writable) or a node still loading its data.
+pub fn is_unreachable(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_cluster_error()
+        || matches!(
+            err.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::BusyLoading
+                )
+        )
 }
 
 impl Link {
     /// The masters' addresses on a cluster (each holds its own keys, so a scan visits them all);
     /// `[None]`, the one server, otherwise.
     pub async fn masters(&mut self) -> RedisResult<Vec<Option<(String, u16)>>> {
-        let Self::Cluster(conn) = self else {
+        let Self::Cluster(link) = self else {
             return Ok(vec![None]);
         };
-        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+        let slots: Value = link
+            .run(async |mut conn| {
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
         let mut masters = Vec::new();
         if let Value::Array(ranges) = slots {
             for range in ranges {
@@ -135,12 +233,13 @@ impl Link {
     /// `cmd` on one node of [`Link::masters`].
     pub async fn on_node(&mut self, node: &Option<(String, u16)>, cmd: Cmd) -> RedisResult<Value> {
         match (self, node) {
-            (Self::Cluster(conn), Some((host, port))) => {
+            (Self::Cluster(link), Some((host, port))) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
                 });
-                conn.route_command(cmd, routing).await
+                link.run(async |mut conn| conn.route_command(cmd, routing).await)
+                    .await
             }
             (link, _) => link.req_packed_command(&cmd).await,
         }
@@ -154,7 +253,13 @@ impl ConnectionLike for Link {
         }
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd),
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(link) => {
+                let link = link.clone();
+                Box::pin(async move {
+                    link.run(async |mut conn| conn.req_packed_command(cmd).await)
+                        .await
+                })
+            }
         }
     }
 
@@ -167,19 +272,24 @@ impl ConnectionLike for Link {
         if let Err(err) = pipeline.cmd_iter().try_for_each(script_keys_share_a_slot) {
             return Box::pin(async move { Err(err) });
         }
-        if let Self::Cluster(conn) = self
-            && !pipeline.is_transaction()
-        {
-            let conn = conn.clone();
-            return Box::pin(async move {
-                let replies = across_slots(conn, pipeline).await?;
-                Ok(replies.into_iter().skip(offset).take(count).collect())
-            });
-        }
         match self {
             Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
-            // A transaction must stay in one slot, and the cluster connection says so if not.
-            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(link) => {
+                let link = link.clone();
+                Box::pin(async move {
+                    link.run(async |mut conn| {
+                        // A transaction must stay in one slot, and the cluster connection says
+                        // so if not.
+                        if pipeline.is_transaction() {
+                            conn.req_packed_commands(pipeline, offset, count).await
+                        } else {
+                            let replies = across_slots(conn, pipeline).await?;
+                            Ok(replies.into_iter().skip(offset).take(count).collect())
+                        }
+                    })
+                    .await
+                })
+            }
         }
     }
 
