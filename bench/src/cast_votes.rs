@@ -175,6 +175,11 @@ impl Sender for VoteSender {
 }
 
 pub async fn run(args: CastVotesArgs) -> anyhow::Result<()> {
+    crate::redis_util::require_single_server(
+        &args.common.redis_url,
+        "cast-votes",
+        "its ceiling runs redis-benchmark of vote_cast.lua against one server",
+    )?;
     ensure!(!args.load.duration.is_zero(), "--duration must be positive");
     let smoke = args.common.smoke;
     let clients = if smoke {
@@ -256,7 +261,7 @@ pub async fn run(args: CastVotesArgs) -> anyhow::Result<()> {
     }
     .await;
     let stopped = server.stop().await;
-    let (_client, mut redis) = crate::redis_util::connect(&args.common.redis_url).await?;
+    let (_target, mut redis) = crate::redis_util::connect(&args.common.redis_url).await?;
     crate::redis_util::delete_prefix(&mut redis, &server.redis_prefix).await?;
     database.remove().await?;
     let (result, counted) = measured?;

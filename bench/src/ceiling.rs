@@ -69,9 +69,11 @@ pub struct Ceiling {
 }
 
 pub async fn measure(plan: CeilingPlan<'_>) -> anyhow::Result<Ceiling> {
-    let (client, mut conn) = redis_util::connect(plan.redis_url).await?;
+    let (target, mut conn) = redis_util::connect(plan.redis_url).await?;
+    // Before any key is written: redis-benchmark needs one server (a cluster is refused).
+    let server = redis_util::benchmark_target_args(&target)?;
     let prefix = format!("pulse-bench-ceiling:{}:", crate::random_hex(12));
-    let result = run(&plan, &client, &mut conn, &prefix).await;
+    let result = run(&plan, server, &mut conn, &prefix).await;
     let cleaned = redis_util::delete_prefix(&mut conn, &prefix).await;
     let ceiling = result?;
     cleaned.context("cannot delete the ceiling's keys")?;
@@ -80,8 +82,8 @@ pub async fn measure(plan: CeilingPlan<'_>) -> anyhow::Result<Ceiling> {
 
 async fn run(
     plan: &CeilingPlan<'_>,
-    client: &redis::Client,
-    conn: &mut redis::aio::MultiplexedConnection,
+    server: Vec<String>,
+    conn: &mut pulse::redis::Link,
     prefix: &str,
 ) -> anyhow::Result<Ceiling> {
     let keys = Keys::new(prefix);
@@ -94,7 +96,7 @@ async fn run(
             retention,
         } => vote_cast_call(&keys, conn, poll, retention, now).await?,
     };
-    let mut args = redis_util::benchmark_target_args(client.get_connection_info())?;
+    let mut args = server;
     args.extend([
         "-c".into(),
         plan.clients.to_string(),
@@ -138,7 +140,7 @@ async fn run(
 
 async fn record_view_call(
     keys: &Keys,
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut pulse::redis::Link,
     window: Duration,
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<Call> {
@@ -185,7 +187,7 @@ async fn record_view_call(
 /// for every placeholder, so the relation key, its field and the event id are each random.
 async fn like_set_call(
     keys: &Keys,
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut pulse::redis::Link,
     relation_ttl: Duration,
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<Call> {
@@ -235,7 +237,7 @@ async fn like_set_call(
 /// counters and participant entries) and the event id drawn at random for every call.
 async fn vote_cast_call(
     keys: &Keys,
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut pulse::redis::Link,
     poll: &pulse::votes::config::PollConfig,
     retention: Duration,
     now: chrono::DateTime<chrono::Utc>,
@@ -287,7 +289,7 @@ fn randomized(key: &str, sample: &str) -> anyhow::Result<String> {
 
 async fn load_script(
     script: &redis::Script,
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut pulse::redis::Link,
     name: &str,
 ) -> anyhow::Result<String> {
     script

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use pulse::actor::Identity;
 use pulse::redis::Keys;
-use redis::aio::MultiplexedConnection;
+use pulse::redis::Link;
 use serde_json::json;
 
 use crate::load::viewer_ip;
@@ -39,7 +39,7 @@ pub async fn run(args: DedupMemoryArgs) -> anyhow::Result<()> {
     } else {
         args.entries
     };
-    let (_client, mut conn) = redis_util::connect(&args.common.redis_url).await?;
+    let mut conn = redis_util::connect_for_memory(&args.common.redis_url, "dedup-memory").await?;
     let prefix = redis_util::fresh_prefix(&mut conn).await?;
     let window = pulse::Config::defaults().view_window;
     let result = measure(&mut conn, &prefix, entries, window).await;
@@ -124,7 +124,7 @@ pub async fn run(args: DedupMemoryArgs) -> anyhow::Result<()> {
 }
 
 async fn measure(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Link,
     prefix: &str,
     entries: u32,
     window: Duration,

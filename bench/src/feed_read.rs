@@ -163,7 +163,7 @@ impl FeedFixture {
     /// Makes `users` active as a read does: marked active, their inboxes exist (the anchor only).
     pub async fn activate(
         &self,
-        conn: &mut redis::aio::MultiplexedConnection,
+        conn: &mut pulse::redis::Link,
         keys: &pulse::redis::Keys,
         users: &[i64],
     ) -> anyhow::Result<()> {
@@ -187,7 +187,7 @@ impl FeedFixture {
     /// How many items each of `users`' inboxes holds.
     pub async fn inbox_sizes(
         &self,
-        conn: &mut redis::aio::MultiplexedConnection,
+        conn: &mut pulse::redis::Link,
         keys: &pulse::redis::Keys,
         users: &[i64],
     ) -> anyhow::Result<Vec<u64>> {
@@ -245,6 +245,11 @@ impl Sender for FeedSender {
 }
 
 pub async fn run(args: FeedReadArgs) -> anyhow::Result<()> {
+    crate::redis_util::require_single_server(
+        &args.common.redis_url,
+        "feed-read",
+        "its ceiling runs redis-benchmark of feed_read.lua against one server",
+    )?;
     let smoke = args.common.smoke;
     let (readers, authors, follows, per_author) = if smoke {
         (20, 10, 5, 8)
@@ -286,6 +291,9 @@ pub async fn run(args: FeedReadArgs) -> anyhow::Result<()> {
     )
     .await;
     server.stop().await?;
+    // The server's own keys (inboxes, outboxes, job streams) go with it.
+    let (_, mut redis) = crate::redis_util::connect(&args.common.redis_url).await?;
+    crate::redis_util::delete_prefix(&mut redis, &server.redis_prefix).await?;
     database.remove().await?;
     result
 }
@@ -422,7 +430,8 @@ async fn ceiling(
     clients: u32,
     requests: u64,
 ) -> anyhow::Result<(f64, f64, f64, String)> {
-    let (client, mut conn) = crate::redis_util::connect(redis_url).await?;
+    let (target, mut conn) = crate::redis_util::connect(redis_url).await?;
+    let mut args = crate::redis_util::benchmark_target_args(&target)?;
     let prefix = format!("pulse-bench-ceiling:{}:", crate::random_hex(12));
     let keys = pulse::redis::Keys::new(prefix.clone());
     let user = keys.feed_user(1);
@@ -437,7 +446,6 @@ async fn ceiling(
         .arg(include_str!("../../lua/feed_read.lua"))
         .query_async(&mut conn)
         .await?;
-    let mut args = crate::redis_util::benchmark_target_args(client.get_connection_info())?;
     args.extend([
         "-c".to_owned(),
         clients.to_string(),

@@ -250,7 +250,7 @@ pub async fn run(args: FuzzArgs) -> anyhow::Result<()> {
         .pool_max_idle_per_host(args.concurrency as usize + 2)
         .timeout(SLOW)
         .build()?;
-    let (_client, mut redis) = redis_util::connect(&args.redis_url).await?;
+    let (_target, mut redis) = redis_util::connect(&args.redis_url).await?;
     eprintln!("starting {} ...", args.server_bin.display());
     let mut server = Server::start(&args.server_bin, &args.redis_url, &http).await?;
     let result = fuzz(&args, seed, classes.clone(), &http, &mut server).await;
@@ -528,7 +528,7 @@ async fn replay_suspects(
     classes: &[Class],
     suspects: &[CaseId],
     http: &reqwest::Client,
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut pulse::redis::Link,
 ) -> anyhow::Result<()> {
     println!(
         "\nreplaying {} suspect cases one at a time, each on a fresh server ...",

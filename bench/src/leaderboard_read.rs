@@ -135,7 +135,7 @@ pub async fn run(args: LeaderboardReadArgs) -> anyhow::Result<()> {
     }
     .await;
     let stopped = server.stop().await;
-    let (_client, mut redis) = crate::redis_util::connect(&args.common.redis_url).await?;
+    let (_target, mut redis) = crate::redis_util::connect(&args.common.redis_url).await?;
     crate::redis_util::delete_prefix(&mut redis, &server.redis_prefix).await?;
     database.remove().await?;
     let result = measured.context("the leaderboard load failed")?;

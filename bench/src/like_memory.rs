@@ -11,8 +11,8 @@
 use anyhow::Context as _;
 use pulse::likes::Subject;
 use pulse::redis::Keys;
+use pulse::redis::Link;
 use pulse::redis::keys::{LikeShardKeys, like_field};
-use redis::aio::MultiplexedConnection;
 use serde_json::json;
 
 use crate::redis_util::{self, Batcher};
@@ -57,7 +57,7 @@ pub async fn run(args: LikeMemoryArgs) -> anyhow::Result<()> {
             articles: args.articles.min(args.likes),
         }
     };
-    let (_client, mut conn) = redis_util::connect(&args.common.redis_url).await?;
+    let mut conn = redis_util::connect_for_memory(&args.common.redis_url, "like-memory").await?;
     let prefix = redis_util::fresh_prefix(&mut conn).await?;
     let measured = measure(&mut conn, &prefix, &spread).await;
     let deleted = redis_util::delete_prefix(&mut conn, &prefix).await;
@@ -112,11 +112,7 @@ pub async fn run(args: LikeMemoryArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(
-    conn: &mut MultiplexedConnection,
-    prefix: &str,
-    spread: &Spread,
-) -> anyhow::Result<Vec<Part>> {
+async fn measure(conn: &mut Link, prefix: &str, spread: &Spread) -> anyhow::Result<Vec<Part>> {
     let keys = Keys::new(prefix);
     let defaults = pulse::Config::defaults();
     let ttl = defaults.like_relation_ttl.as_secs().max(1);

@@ -257,6 +257,11 @@ impl Measured {
 }
 
 pub async fn run(args: LikeToggleArgs) -> anyhow::Result<()> {
+    redis_util::require_single_server(
+        &args.common.redis_url,
+        "like-toggle",
+        "its ceiling runs redis-benchmark of like_set.lua against one server",
+    )?;
     let shape = Shape::of(&args)?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(shape.clients as usize + SIGN_UP_CONCURRENCY)
@@ -329,7 +334,7 @@ async fn drive(
         (_, Err(err)) => Err(err.context("cannot stop the server")),
         (Err(_), Ok(())) => Err(anyhow::anyhow!("the load failed")),
     };
-    let (_client, mut redis) = redis_util::connect(&args.common.redis_url).await?;
+    let (_target, mut redis) = redis_util::connect(&args.common.redis_url).await?;
     let cleaned = redis_util::delete_prefix(&mut redis, &prefix).await;
     let loaded = loaded?;
     let (stream_events, drain, settled) = drained?;
@@ -392,7 +397,7 @@ async fn load_phases(
     )
     .await;
 
-    let (_client, mut redis) = redis_util::connect(redis_url).await?;
+    let (_target, mut redis) = redis_util::connect(redis_url).await?;
     let meter = CostMeter::start(server.pid(), &mut redis).await?;
     eprintln!("toggles: {} ...", shape.describe());
     let liked_total = Arc::new(AtomicI64::new(first_likes.ok as i64));

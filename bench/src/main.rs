@@ -252,7 +252,7 @@ pub struct FuzzArgs {
     /// and --skip).
     #[arg(long)]
     pub case: Option<fuzz::CaseId>,
-    /// Redis for the server.
+    /// Redis for the server (`redis+cluster://host:port,…` for a Redis Cluster).
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
 }
@@ -261,7 +261,9 @@ pub struct FuzzArgs {
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
     /// Redis to run against (record-view: the server's and the ceiling's; dedup-memory: the one
-    /// measured).
+    /// measured). A Redis Cluster as `redis+cluster://host:port,host:port,…`: record-view then
+    /// skips its redis-benchmark ceiling; like-toggle, cast-votes, feed-read, dedup-memory and
+    /// like-memory refuse one.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
     /// Tiny run for CI (record-view: 2 clients, 200 requests, 10 articles, every check still

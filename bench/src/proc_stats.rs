@@ -72,10 +72,7 @@ pub struct CostMeter {
 }
 
 impl CostMeter {
-    pub async fn start(
-        server_pid: u32,
-        redis: &mut redis::aio::MultiplexedConnection,
-    ) -> anyhow::Result<Self> {
+    pub async fn start(server_pid: u32, redis: &mut pulse::redis::Link) -> anyhow::Result<Self> {
         let pid = server_pid.to_string();
         Ok(Self {
             server_ticks: cpu_ticks(&pid)?,
@@ -85,7 +82,7 @@ impl CostMeter {
         })
     }
 
-    pub async fn stop(self, redis: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<Cost> {
+    pub async fn stop(self, redis: &mut pulse::redis::Link) -> anyhow::Result<Cost> {
         let ticks = clock_ticks_per_second();
         let server_ticks = cpu_ticks(&self.pid)?;
         let bench_ticks = cpu_ticks("self")?;

@@ -56,6 +56,9 @@ pub async fn run(args: PublishFanoutArgs) -> anyhow::Result<()> {
     )
     .await;
     server.stop().await?;
+    // The server's own keys (inboxes, outboxes, job streams) go with it.
+    let (_, mut redis) = crate::redis_util::connect(&args.common.redis_url).await?;
+    crate::redis_util::delete_prefix(&mut redis, &server.redis_prefix).await?;
     database.remove().await?;
     result
 }

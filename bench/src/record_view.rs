@@ -24,6 +24,9 @@ const SMOKE_CEILING_REQUESTS: u64 = 2_000;
 /// Concurrent requests while seeding and warming up.
 const SEED_CONCURRENCY: usize = 8;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Why a run on a Redis Cluster has no ceiling.
+const NO_CEILING_ON_A_CLUSTER: &str =
+    "Redis is a cluster, and redis-benchmark sends every call to one server";
 
 /// The run's shape once `--smoke` is applied.
 struct Shape {
@@ -101,7 +104,13 @@ pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
         .tcp_nodelay(true)
         .timeout(REQUEST_TIMEOUT)
         .build()?;
-    let (_client, mut redis) = redis_util::connect(&args.common.redis_url).await?;
+    let (target, mut redis) = redis_util::connect(&args.common.redis_url).await?;
+    // On a cluster: how many masters hold the keys (and share the Redis CPU). The ceiling needs a
+    // single server and is skipped.
+    let cluster_masters = match target {
+        pulse::redis::Target::Single(_) => None,
+        pulse::redis::Target::Cluster { .. } => Some(redis.masters().await?.len()),
+    };
     // The dedup window the server will use; the same defaults and environment as the child's.
     let window = pulse::Config::defaults().view_window;
 
@@ -114,22 +123,29 @@ pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
     stopped.context("cannot stop the server")?;
     cleaned.context("cannot delete the server's keys")?;
 
-    eprintln!(
-        "measuring the ceiling: redis-benchmark, {} calls ...",
-        thousands(shape.ceiling_requests as f64)
-    );
-    let ceiling = ceiling::measure(CeilingPlan {
-        redis_url: &args.common.redis_url,
-        clients: shape.clients,
-        requests: shape.ceiling_requests,
-        // As many (article, viewer) pairs as the HTTP load draws from, so about as many calls
-        // count (the script's longer path) as over HTTP.
-        keyspace: u64::from(shape.viewers) * u64::from(shape.articles),
-        script: Script::RecordView { window },
-    })
-    .await?;
+    let ceiling = if cluster_masters.is_some() {
+        eprintln!("skipping the ceiling: {NO_CEILING_ON_A_CLUSTER}");
+        None
+    } else {
+        eprintln!(
+            "measuring the ceiling: redis-benchmark, {} calls ...",
+            thousands(shape.ceiling_requests as f64)
+        );
+        Some(
+            ceiling::measure(CeilingPlan {
+                redis_url: &args.common.redis_url,
+                clients: shape.clients,
+                requests: shape.ceiling_requests,
+                // As many (article, viewer) pairs as the HTTP load draws from, so about as many
+                // calls count (the script's longer path) as over HTTP.
+                keyspace: u64::from(shape.viewers) * u64::from(shape.articles),
+                script: Script::RecordView { window },
+            })
+            .await?,
+        )
+    };
 
-    report(&args, &shape, &measured, &ceiling);
+    report(&args, &shape, &measured, ceiling.as_ref(), cluster_masters);
     let expected = measured.warm_up_counted + measured.load.counted;
     if measured.load.errors > 0 {
         bail!(
@@ -152,7 +168,7 @@ async fn drive(
     shape: &Shape,
     http: &reqwest::Client,
     server: &Server,
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut pulse::redis::Link,
 ) -> anyhow::Result<Measured> {
     let graphql_url = server.url("/graphql");
 
@@ -352,20 +368,38 @@ pub(crate) async fn sum_over_articles(
     }
 }
 
-fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &Ceiling) {
+/// Prints the table (and the JSON object with `--json`). `ceiling` is `None` on a Redis Cluster of
+/// `cluster_masters` masters.
+fn report(
+    args: &RecordViewArgs,
+    shape: &Shape,
+    measured: &Measured,
+    ceiling: Option<&Ceiling>,
+    cluster_masters: Option<usize>,
+) {
     let load = &measured.load;
     let seconds = load.elapsed.as_secs_f64();
     let throughput = load.ok as f64 / seconds;
     let counted_share = |counted: u64, of: u64| 100.0 * counted as f64 / of.max(1) as f64;
     let expected = measured.warm_up_counted + load.counted;
-    let ratio = 100.0 * throughput / ceiling.calls_per_second;
+    let ratio = ceiling.map(|ceiling| 100.0 * throughput / ceiling.calls_per_second);
     let verdict = if measured.api_total == expected as i64 {
         format!("OK (attempt {})", measured.check_attempts)
     } else {
         "MISMATCH".into()
     };
 
-    let mut rows = vec![
+    let mut rows = Vec::new();
+    if let Some(masters) = cluster_masters {
+        rows.push((
+            "redis",
+            format!(
+                "cluster of {masters} masters ({}); redis CPU below is their sum, replicas not counted",
+                redis_util::redacted(&args.common.redis_url)
+            ),
+        ));
+    }
+    rows.extend([
         (
             "requests",
             format!(
@@ -377,28 +411,33 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
             ),
         ),
         ("throughput", format!("{} views/s", thousands(throughput))),
-    ];
+    ]);
     rows.extend(load.latency_rows());
     rows.extend(measured.cost.rows("views", load.ok, seconds));
     rows.extend([
         (
             "ceiling",
-            format!(
-                "{} calls/s (redis-benchmark, same script, {} conns, {} calls, {:.1}% counted; p50 {:.3} ms, p99 {:.3} ms)",
-                thousands(ceiling.calls_per_second),
-                shape.clients,
-                thousands(ceiling.requests as f64),
-                counted_share(ceiling.counted, ceiling.requests),
-                ceiling.p50_ms,
-                ceiling.p99_ms
-            ),
+            match ceiling {
+                Some(ceiling) => format!(
+                    "{} calls/s (redis-benchmark, same script, {} conns, {} calls, {:.1}% counted; p50 {:.3} ms, p99 {:.3} ms)",
+                    thousands(ceiling.calls_per_second),
+                    shape.clients,
+                    thousands(ceiling.requests as f64),
+                    counted_share(ceiling.counted, ceiling.requests),
+                    ceiling.p50_ms,
+                    ceiling.p99_ms
+                ),
+                None => format!("skipped: {NO_CEILING_ON_A_CLUSTER}"),
+            },
         ),
         (
             "ratio",
-            if shape.rate.is_some() {
-                format!("{ratio:.1}% of the ceiling (at the offered rate, not a peak)")
-            } else {
-                format!("{ratio:.1}% of the ceiling")
+            match ratio {
+                Some(ratio) if shape.rate.is_some() => {
+                    format!("{ratio:.1}% of the ceiling (at the offered rate, not a peak)")
+                }
+                Some(ratio) => format!("{ratio:.1}% of the ceiling"),
+                None => "n/a (no ceiling)".into(),
             },
         ),
         (
@@ -420,7 +459,10 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
         &format!("pulse-bench record-view: {}", shape.describe()),
         &rows,
     );
-    println!("ceiling command: {}", ceiling.command_line);
+    match ceiling {
+        Some(ceiling) => println!("ceiling command: {}", ceiling.command_line),
+        None => println!("ceiling command: none (skipped: {NO_CEILING_ON_A_CLUSTER})"),
+    }
     if args.common.json {
         let mut report = json!({
             "scenario": "record-view",
@@ -436,19 +478,25 @@ fn report(args: &RecordViewArgs, shape: &Shape, measured: &Measured, ceiling: &C
             "warm_up_counted": measured.warm_up_counted,
             "throughput_views_per_s": throughput,
             "latency_ms": load.latency_json(),
-            "ceiling_calls_per_s": ceiling.calls_per_second,
-            "ceiling_requests": ceiling.requests,
-            "ceiling_counted": ceiling.counted,
-            "ceiling_p50_ms": ceiling.p50_ms,
-            "ceiling_p99_ms": ceiling.p99_ms,
+            "ceiling_calls_per_s": ceiling.map(|ceiling| ceiling.calls_per_second),
+            "ceiling_requests": ceiling.map(|ceiling| ceiling.requests),
+            "ceiling_counted": ceiling.map(|ceiling| ceiling.counted),
+            "ceiling_p50_ms": ceiling.map(|ceiling| ceiling.p50_ms),
+            "ceiling_p99_ms": ceiling.map(|ceiling| ceiling.p99_ms),
             "ratio_percent": ratio,
             "api_total_views": measured.api_total,
             "expected_total_views": expected,
             "counts_match": measured.api_total == expected as i64,
-            "redis_benchmark_command": ceiling.command_line,
+            "redis_benchmark_command": ceiling.map(|ceiling| ceiling.command_line.clone()),
         });
         if let Some(fields) = report.as_object_mut() {
             fields.extend(measured.cost.json("views", load.ok));
+            // On a cluster only, so a single server's object stays as it was.
+            if let Some(masters) = cluster_masters {
+                fields.insert("redis_cluster_masters".into(), masters.into());
+                fields.insert("ceiling".into(), Value::Null);
+                fields.insert("ceiling_skipped".into(), NO_CEILING_ON_A_CLUSTER.into());
+            }
         }
         println!("{report}");
     }

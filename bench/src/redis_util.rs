@@ -1,78 +1,166 @@
-//! Small Redis helpers: INFO fields, deleting a prefix, and where the server is.
+//! Small Redis helpers: INFO fields, deleting a prefix, and where the server is. The same helpers
+//! serve a single server and a Redis Cluster (`redis+cluster://host:port,…`): what must see every
+//! key or every server (scans, INFO) visits each master in turn, as [`Link::masters`] lists them.
 
 use anyhow::{Context as _, bail};
-use redis::aio::MultiplexedConnection;
-use redis::{ConnectionAddr, ConnectionInfo};
+use pulse::redis::{Link, Target};
+use redis::ConnectionAddr;
 
-pub async fn connect(url: &str) -> anyhow::Result<(redis::Client, MultiplexedConnection)> {
-    let client = redis::Client::open(url).context("invalid Redis URL")?;
-    let conn = client
-        .get_multiplexed_async_connection()
+/// One server to send a command to: a cluster's master, or `None` for the single server (the
+/// items of [`Link::masters`]).
+pub type Node = Option<(String, u16)>;
+
+/// Where Redis is and one connection to it (to a single server or to a cluster).
+pub async fn connect(url: &str) -> anyhow::Result<(Target, Link)> {
+    let target = Target::parse(url).context("invalid Redis URL")?;
+    let conn = target
+        .connect()
         .await
         .with_context(|| format!("cannot connect to Redis at {}", redacted(url)))?;
-    Ok((client, conn))
+    Ok((target, conn))
 }
 
-/// One numeric field of `INFO <section>`.
-pub async fn info_field(
-    conn: &mut MultiplexedConnection,
+/// Whether `url` names a Redis Cluster (`redis+cluster://…`) rather than a single server.
+pub fn is_cluster(url: &str) -> anyhow::Result<bool> {
+    let target = Target::parse(url).context("invalid Redis URL")?;
+    Ok(matches!(target, Target::Cluster { .. }))
+}
+
+/// Fails with a clear message when `url` names a Redis Cluster: for the scenarios that can only
+/// measure a single server. `why` says what needs one.
+pub fn require_single_server(url: &str, scenario: &str, why: &str) -> anyhow::Result<()> {
+    if is_cluster(url)? {
+        bail!(
+            "{scenario} needs a single Redis server, not a cluster ({}): {why}. \
+             Pass --redis-url redis://host:port; record-view runs on a cluster (without its \
+             redis-benchmark ceiling)",
+            redacted(url)
+        );
+    }
+    Ok(())
+}
+
+/// A connection for a scenario that measures Redis's memory, which only a single server gives.
+pub async fn connect_for_memory(url: &str, scenario: &str) -> anyhow::Result<Link> {
+    require_single_server(
+        url,
+        scenario,
+        "bytes per item come from one server's used_memory, and the sum over a cluster's \
+         masters also moves with replication and their other traffic",
+    )?;
+    Ok(connect(url).await?.1)
+}
+
+/// Where `node` is, for messages: `host:port`, or `Redis` for the single server.
+pub fn node_name(node: &Node) -> String {
+    match node {
+        Some((host, port)) => format!("{host}:{port}"),
+        None => "Redis".into(),
+    }
+}
+
+/// Numeric fields of `INFO <section>` of one server, in the order of `fields`.
+pub async fn info_fields<const N: usize>(
+    conn: &mut Link,
+    node: &Node,
     section: &str,
-    field: &str,
-) -> anyhow::Result<f64> {
-    let info: String = redis::cmd("INFO").arg(section).query_async(conn).await?;
-    info.lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|value| value.trim().parse().ok())
-        .with_context(|| format!("INFO {section} has no numeric {field}"))
+    fields: [&str; N],
+) -> anyhow::Result<[f64; N]> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg(section);
+    let reply = conn
+        .on_node(node, cmd)
+        .await
+        .with_context(|| format!("INFO {section} of {}", node_name(node)))?;
+    let info: String = redis::from_redis_value(reply)?;
+    let mut values = [0.0; N];
+    for (value, field) in values.iter_mut().zip(fields) {
+        *value = info
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|value| value.trim().parse().ok())
+            .with_context(|| {
+                format!(
+                    "INFO {section} of {} has no numeric {field}",
+                    node_name(node)
+                )
+            })?;
+    }
+    Ok(values)
 }
 
-/// Redis's own CPU time so far (user + system), in seconds.
-pub async fn cpu_seconds(conn: &mut MultiplexedConnection) -> anyhow::Result<f64> {
-    Ok(info_field(conn, "cpu", "used_cpu_user").await?
-        + info_field(conn, "cpu", "used_cpu_sys").await?)
+/// One numeric field of `INFO <section>`, summed over every master of a cluster (the one server's
+/// own otherwise).
+pub async fn info_field(conn: &mut Link, section: &str, field: &str) -> anyhow::Result<f64> {
+    let mut sum = 0.0;
+    for node in conn.masters().await? {
+        let [value] = info_fields(conn, &node, section, [field]).await?;
+        sum += value;
+    }
+    Ok(sum)
 }
 
-/// Deletes every key that starts with `prefix` (which must hold no glob characters); returns how
-/// many there were.
-pub async fn delete_prefix(conn: &mut MultiplexedConnection, prefix: &str) -> anyhow::Result<u64> {
+/// Redis's own CPU time so far (user + system), in seconds: the sum over every master of a
+/// cluster (replicas left out).
+pub async fn cpu_seconds(conn: &mut Link) -> anyhow::Result<f64> {
+    let mut sum = 0.0;
+    for node in conn.masters().await? {
+        let [user, sys] =
+            info_fields(conn, &node, "cpu", ["used_cpu_user", "used_cpu_sys"]).await?;
+        sum += user + sys;
+    }
+    Ok(sum)
+}
+
+/// Deletes every key that starts with `prefix` (which must hold no glob characters), on every
+/// master of a cluster; returns how many there were.
+pub async fn delete_prefix(conn: &mut Link, prefix: &str) -> anyhow::Result<u64> {
     if prefix.is_empty() || prefix.contains(['*', '?', '[', ']', '\\']) {
         bail!("refusing to delete by the prefix {prefix:?}");
     }
     let pattern = format!("{prefix}*");
-    let mut cursor: u64 = 0;
     let mut deleted = 0;
-    loop {
-        let (next, keys) = scan_page(conn, cursor, &pattern).await?;
-        if !keys.is_empty() {
-            let removed: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
-            deleted += removed;
+    for node in conn.masters().await? {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys) = scan_page(conn, &node, cursor, &pattern).await?;
+            if !keys.is_empty() {
+                // On a cluster the connection splits a multi-key command by slot.
+                let removed: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
+                deleted += removed;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        if next == 0 {
-            return Ok(deleted);
-        }
-        cursor = next;
     }
+    Ok(deleted)
 }
 
-/// Whether any key starts with `prefix` (which must hold no glob characters).
-pub async fn prefix_in_use(conn: &mut MultiplexedConnection, prefix: &str) -> anyhow::Result<bool> {
+/// Whether any key starts with `prefix` (which must hold no glob characters), on any master of a
+/// cluster.
+pub async fn prefix_in_use(conn: &mut Link, prefix: &str) -> anyhow::Result<bool> {
     let pattern = format!("{prefix}*");
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys) = scan_page(conn, cursor, &pattern).await?;
-        if !keys.is_empty() {
-            return Ok(true);
+    for node in conn.masters().await? {
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys) = scan_page(conn, &node, cursor, &pattern).await?;
+            if !keys.is_empty() {
+                return Ok(true);
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        if next == 0 {
-            return Ok(false);
-        }
-        cursor = next;
     }
+    Ok(false)
 }
 
 /// An unused prefix exactly as long as the server's default one (`pulse:`), so that keys measured
 /// for memory are as long as production's.
-pub async fn fresh_prefix(conn: &mut MultiplexedConnection) -> anyhow::Result<String> {
+pub async fn fresh_prefix(conn: &mut Link) -> anyhow::Result<String> {
     let len = pulse::Config::defaults().redis_prefix.len();
     let hex = len.saturating_sub(2).max(4);
     for _ in 0..10 {
@@ -87,7 +175,7 @@ pub async fn fresh_prefix(conn: &mut MultiplexedConnection) -> anyhow::Result<St
 /// Commands sent in pipelines of [`Batcher::CHUNK`], replies ignored: bulk writes of many
 /// thousands of keys without one round trip each.
 pub struct Batcher<'a> {
-    conn: &'a mut MultiplexedConnection,
+    conn: &'a mut Link,
     pipe: redis::Pipeline,
     queued: usize,
 }
@@ -95,7 +183,7 @@ pub struct Batcher<'a> {
 impl<'a> Batcher<'a> {
     const CHUNK: usize = 10_000;
 
-    pub fn new(conn: &'a mut MultiplexedConnection) -> Self {
+    pub fn new(conn: &'a mut Link) -> Self {
         Self {
             conn,
             pipe: redis::pipe(),
@@ -126,7 +214,7 @@ impl<'a> Batcher<'a> {
 
 /// `INFO memory` `used_memory`, once the connection's buffers have had time to shrink back after
 /// bulk writes.
-pub async fn settled_used_memory(conn: &mut MultiplexedConnection) -> anyhow::Result<f64> {
+pub async fn settled_used_memory(conn: &mut Link) -> anyhow::Result<f64> {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     info_field(conn, "memory", "used_memory").await
 }
@@ -137,8 +225,16 @@ pub fn like_archive_stream(keys: &pulse::redis::Keys, shard: u32) -> String {
     keys.job_shard(spec.name, spec.tag, shard).stream()
 }
 
-/// The `redis-benchmark` flags that reach the same server as `info`.
-pub fn benchmark_target_args(info: &ConnectionInfo) -> anyhow::Result<Vec<String>> {
+/// The `redis-benchmark` flags that reach the server `target` names. redis-benchmark sends every
+/// call to one server, so a cluster is refused (its keys live on several masters).
+pub fn benchmark_target_args(target: &Target) -> anyhow::Result<Vec<String>> {
+    let info = match target {
+        Target::Single(client) => client.get_connection_info(),
+        Target::Cluster { .. } => bail!(
+            "redis-benchmark ceiling: the Redis URL names a cluster; redis-benchmark needs a \
+             single server"
+        ),
+    };
     let mut args = match info.addr() {
         ConnectionAddr::Tcp(host, port) => {
             vec!["-h".into(), host.clone(), "-p".into(), port.to_string()]
@@ -164,18 +260,23 @@ pub fn redacted(url: &str) -> String {
     pulse::config::redacted_url(url)
 }
 
-/// One SCAN step over keys matching `pattern`: the next cursor (0 when done) and a page of keys.
+/// One SCAN step on `node` over keys matching `pattern`: the next cursor (0 when done) and a page
+/// of keys.
 async fn scan_page(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Link,
+    node: &Node,
     cursor: u64,
     pattern: &str,
 ) -> anyhow::Result<(u64, Vec<String>)> {
-    Ok(redis::cmd("SCAN")
-        .arg(cursor)
+    let mut step = redis::cmd("SCAN");
+    step.arg(cursor)
         .arg("MATCH")
         .arg(pattern)
         .arg("COUNT")
-        .arg(10_000)
-        .query_async(conn)
-        .await?)
+        .arg(10_000);
+    let reply = conn
+        .on_node(node, step)
+        .await
+        .with_context(|| format!("SCAN on {}", node_name(node)))?;
+    Ok(redis::from_redis_value(reply)?)
 }
