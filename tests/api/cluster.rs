@@ -129,6 +129,16 @@ fn free_port_range() -> u16 {
     }
 }
 
+/// Whether `/readyz` reports Redis reachable (its `redis` field; SQL's readiness is not the
+/// subject here).
+async fn redis_ready(app: &TestApp) -> bool {
+    let Ok(response) = app.http.get(app.url("/readyz")).send().await else {
+        return false;
+    };
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    body["redis"] == "ok"
+}
+
 /// What the viewers saw: when each view was acknowledged as counted, and the error codes of those
 /// that failed.
 #[derive(Default)]
@@ -205,14 +215,7 @@ async fn a_master_killed_under_load_fails_over_and_the_views_reconcile() {
         tokio::spawn(async move {
             let mut seen = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let status = app
-                    .http
-                    .get(app.url("/readyz"))
-                    .send()
-                    .await
-                    .map(|response| response.status().as_u16())
-                    .unwrap_or(0);
-                seen.push((Instant::now(), status));
+                seen.push((Instant::now(), redis_ready(&app).await));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             seen
@@ -298,15 +301,22 @@ async fn a_master_killed_under_load_fails_over_and_the_views_reconcile() {
     );
     let unready_after_kill = readiness
         .iter()
-        .any(|(at, status)| *at > killed_at && *at < recovered_at && *status != 200);
+        .any(|(at, ready)| *at > killed_at && *at < recovered_at && !ready);
     assert!(
         unready_after_kill,
-        "/readyz stayed ready through the failover"
+        "/readyz reported Redis ready through the failover"
     );
-    assert_eq!(
-        readiness.last().map(|(_, status)| *status),
-        Some(200),
-        "/readyz did not come back"
+    // Ready again; the suite's other tests may keep SQL (MariaDB above all) slow for a while, so
+    // the wait is generous, and only Redis's part of the answer counts here.
+    let ready_again = tokio::time::timeout(Duration::from_secs(30), async {
+        while !redis_ready(&app).await {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        ready_again.is_ok(),
+        "/readyz did not report Redis ready again"
     );
 
     // The flush repairs what the promoted replica missed, and counts nothing twice.
