@@ -118,21 +118,13 @@ pub async fn delete_prefix(conn: &mut Link, prefix: &str) -> anyhow::Result<u64>
     if prefix.is_empty() || prefix.contains(['*', '?', '[', ']', '\\']) {
         bail!("refusing to delete by the prefix {prefix:?}");
     }
-    let pattern = format!("{prefix}*");
     let mut deleted = 0;
-    for node in conn.masters().await? {
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys) = scan_page(conn, &node, cursor, &pattern).await?;
-            if !keys.is_empty() {
-                // On a cluster the connection splits a multi-key command by slot.
-                let removed: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
-                deleted += removed;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+    let mut scan = conn.scan(format!("{prefix}*"));
+    while let Some(keys) = scan.next_batch().await? {
+        if !keys.is_empty() {
+            // On a cluster the connection splits a multi-key command by slot.
+            let removed: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
+            deleted += removed;
         }
     }
     Ok(deleted)
@@ -141,18 +133,10 @@ pub async fn delete_prefix(conn: &mut Link, prefix: &str) -> anyhow::Result<u64>
 /// Whether any key starts with `prefix` (which must hold no glob characters), on any master of a
 /// cluster.
 pub async fn prefix_in_use(conn: &mut Link, prefix: &str) -> anyhow::Result<bool> {
-    let pattern = format!("{prefix}*");
-    for node in conn.masters().await? {
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys) = scan_page(conn, &node, cursor, &pattern).await?;
-            if !keys.is_empty() {
-                return Ok(true);
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+    let mut scan = conn.scan(format!("{prefix}*"));
+    while let Some(keys) = scan.next_batch().await? {
+        if !keys.is_empty() {
+            return Ok(true);
         }
     }
     Ok(false)
@@ -258,25 +242,4 @@ pub fn benchmark_target_args(target: &Target) -> anyhow::Result<Vec<String>> {
 /// A Redis URL without its password, fit for output.
 pub fn redacted(url: &str) -> String {
     pulse::config::redacted_url(url)
-}
-
-/// One SCAN step on `node` over keys matching `pattern`: the next cursor (0 when done) and a page
-/// of keys.
-async fn scan_page(
-    conn: &mut Link,
-    node: &Node,
-    cursor: u64,
-    pattern: &str,
-) -> anyhow::Result<(u64, Vec<String>)> {
-    let mut step = redis::cmd("SCAN");
-    step.arg(cursor)
-        .arg("MATCH")
-        .arg(pattern)
-        .arg("COUNT")
-        .arg(10_000);
-    let reply = conn
-        .on_node(node, step)
-        .await
-        .with_context(|| format!("SCAN on {}", node_name(node)))?;
-    Ok(redis::from_redis_value(reply)?)
 }

@@ -230,6 +230,16 @@ impl Link {
         Ok(masters)
     }
 
+    /// Every key matching `pattern`, a `SCAN` step at a time (on every master of a cluster).
+    pub fn scan(&self, pattern: impl Into<String>) -> KeyScan {
+        KeyScan {
+            link: self.clone(),
+            pattern: pattern.into(),
+            nodes: None,
+            cursor: 0,
+        }
+    }
+
     /// `cmd` on one node of [`Link::masters`].
     pub async fn on_node(&mut self, node: &Option<(String, u16)>, cmd: Cmd) -> RedisResult<Value> {
         match (self, node) {
@@ -243,6 +253,56 @@ impl Link {
             }
             (link, _) => link.req_packed_command(&cmd).await,
         }
+    }
+}
+
+/// Keys to read through a [`Link::scan`]; like `SCAN` itself, a key may come twice, and keys
+/// written during the scan may or may not come.
+pub struct KeyScan {
+    link: Link,
+    pattern: String,
+    /// Nodes still to scan, the current one last; filled by the first step.
+    nodes: Option<Vec<Option<(String, u16)>>>,
+    cursor: u64,
+}
+
+/// Keys one `SCAN` step asks a node to look at.
+const SCAN_COUNT: usize = 1000;
+
+impl KeyScan {
+    /// The next batch of keys (possibly empty), or `None` once every node has been scanned.
+    pub async fn next_batch(&mut self) -> redis::RedisResult<Option<Vec<String>>> {
+        if self.nodes.is_none() {
+            let mut nodes = self.link.masters().await?;
+            nodes.reverse();
+            self.nodes = Some(nodes);
+        }
+        let nodes = self.nodes.as_mut().expect("filled above");
+        let Some(node) = nodes.last() else {
+            return Ok(None);
+        };
+        let mut step = redis::cmd("SCAN");
+        step.arg(self.cursor)
+            .arg("MATCH")
+            .arg(&self.pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT);
+        let reply = self.link.on_node(node, step).await?;
+        let (next, keys): (u64, Vec<String>) = redis::from_redis_value(reply)?;
+        self.cursor = next;
+        if next == 0 {
+            nodes.pop();
+        }
+        Ok(Some(keys))
+    }
+
+    /// Every key left, collected.
+    pub async fn collect(mut self) -> redis::RedisResult<Vec<String>> {
+        let mut all = Vec::new();
+        while let Some(keys) = self.next_batch().await? {
+            all.extend(keys);
+        }
+        Ok(all)
     }
 }
 
@@ -360,23 +420,16 @@ async fn across_slots(conn: ClusterConnection, pipeline: &Pipeline) -> RedisResu
 /// nearly every command). `None` for the commands with no key, keys elsewhere, or keys in several
 /// slots.
 fn slot_of(cmd: &Cmd) -> Option<Slot> {
-    let args: Vec<&[u8]> = cmd
-        .args_iter()
-        .filter_map(|arg| match arg {
-            Arg::Simple(arg) => Some(arg),
-            _ => None,
-        })
-        .collect();
+    let args = arguments(cmd);
     let (name, rest) = args.split_first()?;
-    let name = name.to_ascii_uppercase();
+    let upper = name.to_ascii_uppercase();
     let is = |names: &[&str]| {
         names
             .iter()
-            .any(|known| known.as_bytes() == name.as_slice())
+            .any(|known| known.as_bytes() == upper.as_slice())
     };
-    let keys: &[&[u8]] = if is(&["EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO"]) {
-        let count: usize = std::str::from_utf8(rest.get(1)?).ok()?.parse().ok()?;
-        rest.get(2..2 + count)?
+    let keys: &[&[u8]] = if let Some(keys) = script_keys(name, rest) {
+        keys
     } else if is(&[
         "DEL", "UNLINK", "EXISTS", "MGET", "TOUCH", "PFCOUNT", "RENAME", "RENAMENX",
     ]) {
@@ -416,40 +469,42 @@ fn slot_of(cmd: &Cmd) -> Option<Slot> {
         .then_some(slot)
 }
 
-/// Refuses a script call whose keys lie in more than one hash slot. A cluster refuses such a
-/// call too, but only when the keys happen to sit on different nodes; checking every call, on a
-/// single server as well, makes each test that runs a script a check that it keeps the rule.
-fn script_keys_share_a_slot(cmd: &Cmd) -> RedisResult<()> {
-    let mut args = cmd.args_iter();
-    let Some(Arg::Simple(name)) = args.next() else {
-        return Ok(());
-    };
+/// The simple arguments of `cmd`, its name first.
+fn arguments(cmd: &Cmd) -> Vec<&[u8]> {
+    cmd.args_iter()
+        .filter_map(|arg| match arg {
+            Arg::Simple(arg) => Some(arg),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The declared keys of a script call (`EVAL`, `EVALSHA` and their read-only forms), given the
+/// arguments after its name; `None` for any other command.
+fn script_keys<'a>(name: &[u8], rest: &'a [&'a [u8]]) -> Option<&'a [&'a [u8]]> {
     let is_script = [b"EVALSHA".as_slice(), b"EVAL", b"EVALSHA_RO", b"EVAL_RO"]
         .iter()
         .any(|script| name.eq_ignore_ascii_case(script));
     if !is_script {
-        return Ok(());
+        return None;
     }
-    let _body_or_sha = args.next();
-    let key_count = match args.next() {
-        Some(Arg::Simple(count)) => std::str::from_utf8(count)
-            .ok()
-            .and_then(|count| count.parse::<usize>().ok())
-            .unwrap_or(0),
-        _ => 0,
+    let count: usize = std::str::from_utf8(rest.get(1)?).ok()?.parse().ok()?;
+    rest.get(2..2 + count)
+}
+
+/// Refuses a script call whose keys lie in more than one hash slot. A cluster refuses such a
+/// call too, but only when the keys happen to sit on different nodes; checking every call, on a
+/// single server as well, makes each test that runs a script a check that it keeps the rule.
+fn script_keys_share_a_slot(cmd: &Cmd) -> RedisResult<()> {
+    let args = arguments(cmd);
+    let Some((name, rest)) = args.split_first() else {
+        return Ok(());
     };
-    let keys: Vec<&[u8]> = args
-        .take(key_count)
-        .filter_map(|arg| match arg {
-            Arg::Simple(key) => Some(key),
-            _ => None,
-        })
-        .collect();
-    let Some((first, rest)) = keys.split_first() else {
+    let Some((first, others)) = script_keys(name, rest).and_then(<[_]>::split_first) else {
         return Ok(());
     };
     let slot = Slot::for_key(first);
-    match rest.iter().find(|key| Slot::for_key(key) != slot) {
+    match others.iter().find(|key| Slot::for_key(key) != slot) {
         None => Ok(()),
         Some(stray) => Err(RedisError::from((
             ErrorKind::Client,

@@ -17,7 +17,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use crate::config::redacted_url;
 
 pub use keys::Keys;
-pub use link::{Link, Target};
+pub use link::{KeyScan, Link, Target};
 pub use scripts::Scripts;
 
 #[derive(Clone)]
@@ -126,12 +126,7 @@ impl Redis {
 
     /// Every key matching `pattern`, a `SCAN` step at a time (on every master of a cluster).
     pub fn scan(&self, pattern: impl Into<String>) -> KeyScan {
-        KeyScan {
-            link: self.conn.inner.clone(),
-            pattern: pattern.into(),
-            nodes: None,
-            cursor: 0,
-        }
+        self.conn.inner.scan(pattern)
     }
 
     /// Every master answers (a cluster is not whole while one is down and not yet replaced).
@@ -177,55 +172,5 @@ impl ConnectionLike for CountedConnection {
 
     fn get_db(&self) -> i64 {
         self.inner.get_db()
-    }
-}
-
-/// Keys to read through a [`Redis::scan`]; like `SCAN` itself, a key may come twice, and keys
-/// written during the scan may or may not come.
-pub struct KeyScan {
-    link: Link,
-    pattern: String,
-    /// Nodes still to scan, the current one last; filled by the first step.
-    nodes: Option<Vec<Option<(String, u16)>>>,
-    cursor: u64,
-}
-
-/// Keys one `SCAN` step asks a node to look at.
-const SCAN_COUNT: usize = 1000;
-
-impl KeyScan {
-    /// The next batch of keys (possibly empty), or `None` once every node has been scanned.
-    pub async fn next_batch(&mut self) -> redis::RedisResult<Option<Vec<String>>> {
-        if self.nodes.is_none() {
-            let mut nodes = self.link.masters().await?;
-            nodes.reverse();
-            self.nodes = Some(nodes);
-        }
-        let nodes = self.nodes.as_mut().expect("filled above");
-        let Some(node) = nodes.last() else {
-            return Ok(None);
-        };
-        let mut step = redis::cmd("SCAN");
-        step.arg(self.cursor)
-            .arg("MATCH")
-            .arg(&self.pattern)
-            .arg("COUNT")
-            .arg(SCAN_COUNT);
-        let reply = self.link.on_node(node, step).await?;
-        let (next, keys): (u64, Vec<String>) = redis::from_redis_value(reply)?;
-        self.cursor = next;
-        if next == 0 {
-            nodes.pop();
-        }
-        Ok(Some(keys))
-    }
-
-    /// Every key left, collected.
-    pub async fn collect(mut self) -> redis::RedisResult<Vec<String>> {
-        let mut all = Vec::new();
-        while let Some(keys) = self.next_batch().await? {
-            all.extend(keys);
-        }
-        Ok(all)
     }
 }
