@@ -1,28 +1,34 @@
--- Delivers articles into the timelines of several followers at once, each only if that follower is
--- active: their inbox (or an inbox being rebuilt) exists. One call serves a whole fan-out chunk, so
--- the call's own cost is paid once per chunk, not once per inbox; every follower of a call is in one
--- feed shard, so its keys share one hash tag.
+-- Delivers articles into the timelines of several followers of one author at once, each only if
+-- that follower is active: their inbox (or an inbox being rebuilt) exists. One call serves a whole
+-- fan-out chunk, so the call's own cost is paid once per chunk, not once per inbox; every follower
+-- of a call is in one feed shard, so its keys share one hash tag with the author's audience there.
+--
+-- A follower found inactive leaves the author's audience in the same step that found them so:
+-- a follower who becomes active again creates their building key before rejoining, so this never
+-- drops someone whose inbox is being built.
 --
 -- Idempotent: an article already in an inbox changes nothing and is not announced again. Trims to
 -- the cap on every write; trimming drops the "no more" sentinel, since SQL then holds items the
 -- inbox does not. Announces an article on the follower's channel only when it was added, stayed
 -- within the cap, and the follower is online.
 --
--- KEYS[4i-3..4i] follower i's inbox (sorted set: anchor member 0 plus up to cap article ids, score =
---                id), inbox being rebuilt (receives the articles when the inbox does not exist yet),
---                no-more sentinel, online marker
+-- KEYS[1]        the author's audience in this shard (sorted set of follower ids)
+-- KEYS[4i-2..4i+1] follower i's inbox (sorted set: anchor member 0 plus up to cap article ids,
+--                score = id), inbox being rebuilt (receives the articles when the inbox does not
+--                exist yet), no-more sentinel, online marker
 -- ARGV[1] cap
 -- ARGV[2] n, the number of articles
 -- ARGV[3..2+n] article ids
--- ARGV[3+n..] follower i's channel to announce on ("" for none), one per follower
--- Returns {articles added (and kept within the cap), counted per inbox; of those, announced}.
+-- ARGV[2+n+2i-1], ARGV[2+n+2i] follower i's id, and the channel to announce on ("" for none)
+-- Returns {articles added (and kept within the cap), counted per inbox; of those, announced;
+-- followers dropped from the audience}.
 
 local cap = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
-local added, announced = 0, 0
+local added, announced, dropped = 0, 0, 0
 
-for f = 1, #KEYS / 4 do
-  local base = 4 * (f - 1)
+for f = 1, (#KEYS - 1) / 4 do
+  local base = 4 * (f - 1) + 1
   local target = KEYS[base + 1]
   if redis.call('EXISTS', target) == 0 then
     target = KEYS[base + 2]
@@ -37,10 +43,9 @@ for f = 1, #KEYS / 4 do
         new[#new + 1] = ARGV[a]
       end
     end
-    local excess = #new > 0 and redis.call('ZCARD', target) - 1 - cap or 0
-    if excess > 0 then
-      -- Rank 0 is the anchor; the lowest ids above it go, perhaps some just added.
-      redis.call('ZREMRANGEBYRANK', target, 1, excess)
+    -- All but the anchor (rank 0) and the newest cap go: usually nothing.
+    local trimmed = #new > 0 and redis.call('ZREMRANGEBYRANK', target, 1, -(cap + 1)) or 0
+    if trimmed > 0 then
       redis.call('DEL', KEYS[base + 3])
       local kept = {}
       for _, id in ipairs(new) do
@@ -51,13 +56,15 @@ for f = 1, #KEYS / 4 do
       new = kept
     end
     added = added + #new
-    local channel = ARGV[2 + n + f]
+    local channel = ARGV[2 + n + 2 * f]
     if #new > 0 and channel ~= '' and redis.call('EXISTS', KEYS[base + 4]) == 1 then
       for _, id in ipairs(new) do
         redis.call('PUBLISH', channel, id)
       end
       announced = announced + #new
     end
+  else
+    dropped = dropped + redis.call('ZREM', KEYS[1], ARGV[2 + n + 2 * f - 1])
   end
 end
-return {added, announced}
+return {added, announced, dropped}

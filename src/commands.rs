@@ -113,8 +113,12 @@ fn feed_store(backends: &Backends, config: &Config) -> crate::feed::FeedStore {
 }
 
 async fn rebuild_feed(backends: &Backends, config: &Config) -> anyhow::Result<()> {
-    let outboxes = crate::feed::upkeep::rebuild_outboxes(&feed_store(backends, config)).await?;
-    println!("reloaded {outboxes} feed outboxes from SQL; inboxes rebuild on their next read");
+    let rebuilt = crate::feed::upkeep::rebuild(&feed_store(backends, config)).await?;
+    println!(
+        "reloaded {} feed outboxes from SQL and the audiences of {} readers; inboxes rebuild on \
+         their next read",
+        rebuilt.outboxes, rebuilt.readers
+    );
     Ok(())
 }
 

@@ -264,7 +264,13 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: "pulse_feed_fanout_chunks_total",
         kind: MetricKind::Counter,
-        help: "Fan-out jobs queued, one per chunk of followers",
+        help: "Fan-out jobs queued, one per chunk of an author's active followers",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_audience_left_total",
+        kind: MetricKind::Counter,
+        help: "Followers dropped from an author's audience by a delivery that found their inbox expired",
         initial: NO_LABELS,
     },
     Metric {

@@ -160,14 +160,15 @@ impl FeedFixture {
         Ok(all.len())
     }
 
-    /// Makes `users` active as a read does: marked active, their inboxes exist (the anchor only).
+    /// Makes `users` active as a read does: their inboxes exist (the anchor only), and they are
+    /// in the audiences of `authors`, whom they follow.
     pub async fn activate(
         &self,
         conn: &mut pulse::redis::Link,
         keys: &pulse::redis::Keys,
         users: &[i64],
+        authors: &[i64],
     ) -> anyhow::Result<()> {
-        let now = chrono::Utc::now().timestamp_millis();
         for chunk in users.chunks(1000) {
             let mut pipe = redis::pipe();
             for &user in chunk {
@@ -175,9 +176,8 @@ impl FeedFixture {
                 pipe.zadd(&inbox, 0, 0)
                     .ignore()
                     .expire(&inbox, 86_400)
-                    .ignore()
-                    .zadd(keys.feed_active(), user, now)
                     .ignore();
+                pulse::feed::store::add_audience_joins(&mut pipe, keys, user, authors);
             }
             let () = pipe.query_async(conn).await?;
         }

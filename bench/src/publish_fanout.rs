@@ -79,7 +79,6 @@ async fn measure(
     let (_, mut conn) = crate::redis_util::connect(&args.common.redis_url).await?;
     let followers = fixture.users(&sql, "follower", largest as usize).await?;
     let active: Vec<i64> = followers.iter().copied().step_by(ACTIVE_EVERY).collect();
-    fixture.activate(&mut conn, &keys, &active).await?;
     let authors = fixture.users(&sql, "author", sizes.len() + 1).await?;
     let http = reqwest::Client::new();
     let mut rows = Vec::new();
@@ -88,10 +87,15 @@ async fn measure(
         fixture
             .follow_all(&sql, &followers[..size as usize], author)
             .await?;
-        let active_here = followers[..size as usize]
+        let active_here: Vec<i64> = followers[..size as usize]
             .iter()
+            .copied()
             .step_by(ACTIVE_EVERY)
-            .count() as u64;
+            .collect();
+        fixture
+            .activate(&mut conn, &keys, &active_here, &[author])
+            .await?;
+        let active_here = active_here.len() as u64;
         let token = fixture.token(author)?;
         let mut latencies = Vec::new();
         for i in 0..publishes {

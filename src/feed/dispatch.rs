@@ -1,9 +1,12 @@
 //! The feed-dispatch job: one entry per relayed publication. Adds the article to its author's
 //! outbox and either announces it on the author's channel (a celebrity: not fanned out, merged at
-//! read time) or splits the author's followers into chunks of `PULSE_FEED_FANOUT_CHUNK`, queued as
-//! separate [`super::fanout`] entries that any process's workers share. Then marks the publication
-//! dispatched. Idempotent: an entry handled twice queues its chunks twice, and a chunk's writes are
-//! `ZADD`s of one id, so the second adds nothing.
+//! read time) or splits the author's audience (their active followers) into chunks of about
+//! `PULSE_FEED_FANOUT_CHUNK`, queued as separate [`super::fanout`] entries that any process's
+//! workers share; the publications of one author in one batch travel together. Then marks the
+//! publications dispatched. Idempotent: an entry handled twice queues its chunks twice, and a
+//! chunk's writes are `ZADD`s of article ids, so the second adds nothing.
+
+use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{Context as _, anyhow};
 use sea_orm::sea_query::Expr;
@@ -13,7 +16,6 @@ use super::{FeedStore, fanout};
 use crate::db::retry_once;
 use crate::entities::{articles, feed_publications};
 use crate::jobs::{Entry, Job, JobSpec};
-use crate::redis::keys::by_feed_shard;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "feed-dispatch",
@@ -53,26 +55,39 @@ impl Publication {
 }
 
 impl Dispatcher {
-    async fn dispatch(&self, publication: &Publication) -> anyhow::Result<()> {
+    /// Dispatches `author`'s publications of one batch together: one outbox write and one set of
+    /// fan-out chunks carrying all of their articles, so a burst of publications by one author
+    /// costs each follower's inbox one script step, not one per article.
+    async fn dispatch(&self, author: i64, publications: &[Publication]) -> anyhow::Result<()> {
         let store = &self.0;
-        let exists = articles::Entity::find_by_id(publication.article)
+        let wanted: Vec<i64> = publications.iter().map(|p| p.article).collect();
+        let exists = articles::Entity::find()
             .select_only()
-            .column(articles::Column::Id);
-        let found: Option<i64> = retry_once(|| exists.clone().into_tuple().one(&store.db)).await?;
-        if found.is_some() {
-            store
-                .outbox_add(publication.author, &[publication.article], false)
-                .await?;
-            if store.is_celebrity(publication.author).await? {
+            .column(articles::Column::Id)
+            .filter(articles::Column::Id.is_in(wanted.iter().copied()));
+        let found: HashSet<i64> = retry_once(|| exists.clone().into_tuple().all(&store.db))
+            .await?
+            .into_iter()
+            .collect();
+        // Deleted since: nothing to deliver. In publication order.
+        let articles: Vec<i64> = wanted
+            .into_iter()
+            .filter(|article| found.contains(article))
+            .collect();
+        if !articles.is_empty() {
+            store.outbox_add(author, &articles, false).await?;
+            if store.is_celebrity(author).await? {
+                let channel = store.redis.keys.feed_author_channel(author);
+                let mut pipe = redis::pipe();
+                for &article in &articles {
+                    pipe.publish(&channel, article).ignore();
+                }
                 let mut conn = store.redis.conn.clone();
-                let _: i64 = redis::cmd("PUBLISH")
-                    .arg(store.redis.keys.feed_author_channel(publication.author))
-                    .arg(publication.article)
-                    .query_async(&mut conn)
-                    .await?;
-                metrics::counter!("pulse_feed_celebrity_publishes_total").increment(1);
+                let () = pipe.query_async(&mut conn).await?;
+                metrics::counter!("pulse_feed_celebrity_publishes_total")
+                    .increment(articles.len() as u64);
             } else {
-                self.queue_chunks(publication).await?;
+                self.queue_chunks(author, &articles).await?;
             }
         }
         let done = feed_publications::Entity::update_many()
@@ -80,46 +95,39 @@ impl Dispatcher {
                 feed_publications::Column::DispatchedAt,
                 Expr::value(crate::db::now()),
             )
-            .filter(feed_publications::Column::Id.eq(publication.id));
+            .filter(feed_publications::Column::Id.is_in(publications.iter().map(|p| p.id)));
         retry_once(|| done.clone().exec(&store.db)).await?;
         Ok(())
     }
 
-    /// Queues one fan-out entry per chunk of followers: the followers of each feed shard, split
-    /// into chunks of at most `PULSE_FEED_FANOUT_CHUNK`, each listed in its entry, so a chunk's
-    /// inboxes share a hash tag and are written by one script call. A follower who arrives after
-    /// this read is not in any chunk; their follow's backfill reads the outbox, which holds the
-    /// article already.
-    async fn queue_chunks(&self, publication: &Publication) -> anyhow::Result<()> {
+    /// Queues one fan-out entry per slice of the author's audience (the active followers, cut
+    /// into slices of about `PULSE_FEED_FANOUT_CHUNK` within one feed shard each), so a slice's
+    /// inboxes share a hash tag and are written by one script call. The articles are in the
+    /// outbox already: a follower who joins the audience after this read pulls them from there.
+    async fn queue_chunks(&self, author: i64, articles: &[i64]) -> anyhow::Result<()> {
         let store = &self.0;
-        let followers = store.followers_of(publication.author).await?;
-        let by_shard = by_feed_shard(followers);
-        let chunks: Vec<&[i64]> = by_shard
-            .values()
-            .flat_map(|group| group.chunks(store.settings.fanout_chunk.max(1) as usize))
-            .collect();
-        if chunks.is_empty() {
+        let slices = store
+            .audience_slices(author, u64::from(store.settings.fanout_chunk))
+            .await?;
+        if slices.is_empty() {
             return Ok(());
         }
         let mut pipe = redis::pipe();
-        for (index, chunk) in chunks.iter().enumerate() {
-            let shard =
-                (publication.article + index as i64).rem_euclid(i64::from(fanout::SPEC.shards));
-            let ids: Vec<String> = chunk.iter().map(i64::to_string).collect();
+        for (index, slice) in slices.iter().enumerate() {
+            // The same slice of an author in the same stream each time: a worker behind a burst
+            // finds them in one batch and merges them.
+            let shard = (author + index as i64).rem_euclid(i64::from(fanout::SPEC.shards));
             pipe.xadd(
                 fanout::SPEC.keys(&store.redis, shard as u32).stream(),
                 "*",
-                &[
-                    ("article", publication.article.to_string()),
-                    ("author", publication.author.to_string()),
-                    ("followers", ids.join(",")),
-                ],
+                &fanout::Chunk::fields(articles, author, slice),
             )
             .ignore();
         }
         let mut conn = store.redis.conn.clone();
         let () = pipe.query_async(&mut conn).await?;
-        metrics::counter!("pulse_feed_fanout_chunks_total").increment(chunks.len() as u64);
+        store.redis.bell.ring(fanout::SPEC.name);
+        metrics::counter!("pulse_feed_fanout_chunks_total").increment(slices.len() as u64);
         Ok(())
     }
 }
@@ -131,8 +139,16 @@ impl Job for Dispatcher {
     }
 
     async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+        let mut by_author: BTreeMap<i64, Vec<Publication>> = BTreeMap::new();
         for entry in batch {
-            self.dispatch(&Publication::parse(entry)?).await?;
+            let publication = Publication::parse(entry)?;
+            by_author
+                .entry(publication.author)
+                .or_default()
+                .push(publication);
+        }
+        for (author, publications) in &by_author {
+            self.dispatch(*author, publications).await?;
         }
         Ok(())
     }

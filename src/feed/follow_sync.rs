@@ -2,8 +2,8 @@
 //! follower's inbox (if they are active) in line with SQL's `follows` as it is when the job runs,
 //! not as the entry says, so entries of a quick follow/unfollow/follow handled in any order, or
 //! twice, leave the right state: a followee followed now has their recent articles (bounded by
-//! `PULSE_FEED_FOLLOW_BACKFILL`) in the inbox, one not followed has none. Until the job ran,
-//! reads filter by `follows` anyway.
+//! `PULSE_FEED_FOLLOW_BACKFILL`) in the inbox and the follower in their audience, one not followed
+//! has neither. Until the job ran, reads filter by `follows` anyway.
 
 use anyhow::{Context as _, anyhow};
 
@@ -28,6 +28,10 @@ impl FollowSync {
         let store = &self.0;
         let keys = store.redis.keys.feed_user(follower);
         let mut conn = store.redis.conn.clone();
+        let follows = store.is_following(follower, followee).await?;
+        if !follows {
+            store.leave_audience(follower, followee).await?;
+        }
         let active: u32 = redis::cmd("EXISTS")
             .arg(keys.inbox())
             .arg(keys.inbox_building())
@@ -36,11 +40,12 @@ impl FollowSync {
         if active == 0 {
             return Ok(());
         }
-        let follows = store.is_following(follower, followee).await?;
         if follows {
+            // Joined before the outbox is read, as a rebuild does (see `join_audiences`).
+            store.join_audiences(follower, &[followee]).await?;
             let backfill = u64::from(store.settings.follow_backfill);
             let (ids, coverage) = store.outbox_page(followee, i64::MAX, backfill).await?;
-            store.deliver(&ids, &[follower], false).await?;
+            store.deliver(followee, &ids, &[follower], false).await?;
             if !coverage.complete || ids.len() as u64 == backfill {
                 // Older articles of the followee are in SQL and not in the inbox.
                 let () = redis::cmd("DEL")

@@ -13,7 +13,10 @@
 //!   TTL restarted by every read: its existence is what makes a user active, and only active users
 //!   get fan-out writes. A missing inbox is rebuilt by pull from the followees' outboxes (SQL where
 //!   one is not loaded) into a building key renamed in atomically, one rebuild at a time per user;
-//! - the **"no more"** sentinel: the inbox holds the whole history, so reading past it skips SQL.
+//! - the **"no more"** sentinel: the inbox holds the whole history, so reading past it skips SQL;
+//! - each author's **audience** (per feed shard): the followers whose inbox exists, joined when it
+//!   is built, left on unfollow or when a delivery finds it expired. Fan-out reads it instead of
+//!   every follower, so its cost grows with the active followers alone.
 //!
 //! Order: newest first is descending article id (ids are minted in publication order, and SQL's
 //! timestamps keep whole seconds only), so every position is unique and a cursor is exact across

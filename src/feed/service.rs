@@ -244,29 +244,18 @@ impl FeedService {
             format!("({below}")
         };
         let mut conn = self.store.redis.conn.clone();
-        let read = async {
-            let reply: Vec<i64> = self
-                .store
-                .redis
-                .scripts
-                .feed_read
-                .key(keys.inbox())
-                .key(keys.no_more())
-                .arg(max)
-                .arg(limit)
-                .arg(self.store.settings.inbox_ttl.as_millis() as u64)
-                .invoke_async(&mut conn)
-                .await?;
-            Ok::<_, AppError>(reply)
-        };
-        let mark = async {
-            if below == i64::MAX {
-                // A first page is what a returning user reads: enough to keep them active.
-                self.store.mark_active(viewer).await?;
-            }
-            Ok(())
-        };
-        let (reply, ()) = futures_util::try_join!(read, mark)?;
+        let reply: Vec<i64> = self
+            .store
+            .redis
+            .scripts
+            .feed_read
+            .key(keys.inbox())
+            .key(keys.no_more())
+            .arg(max)
+            .arg(limit)
+            .arg(self.store.settings.inbox_ttl.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await?;
         Ok(match reply[..] {
             [1, no_more, lowest, ..] => Some(Inbox {
                 no_more: no_more == 1,
@@ -309,11 +298,12 @@ impl FeedService {
             0 => return Ok(Rebuild::Elsewhere),
             _ => {}
         }
-        // Active before the pull, so fan-out meanwhile writes into the building key.
-        store.mark_active(viewer).await?;
         let cap = u64::from(store.settings.cap);
-        let fanned_out = store.fanned_out_followees(viewer).await?;
-        let (mut ids, mut complete) = store.pull(&fanned_out).await?;
+        let followees = store.followees(viewer).await?;
+        // In the audiences before the pull, so what is published meanwhile is either pulled or
+        // fanned out into the building key.
+        store.join_audiences(viewer, &followees.all()).await?;
+        let (mut ids, mut complete) = store.pull(&followees.fanned_out).await?;
         ids.sort_unstable_by(|a, b| b.cmp(a));
         ids.dedup();
         if ids.len() as u64 > cap {

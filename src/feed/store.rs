@@ -6,16 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sea_orm::sea_query::{Expr, ExprTrait as _, Query};
-use sea_orm::{
-    ColumnTrait, ConnectionTrait as _, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect, Statement,
-};
+use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use crate::db::retry_once;
 use crate::entities::{articles, follow_counts, follows};
-use crate::error::{AppError, AppResult};
+use crate::error::AppResult;
 use crate::redis::Redis;
-use crate::redis::keys::by_feed_shard;
+use crate::redis::keys::{FEED_SHARDS, Keys, by_feed_shard, feed_shard};
 
 /// The feed's knobs, from the configuration.
 #[derive(Clone, Debug)]
@@ -91,66 +88,26 @@ impl FeedStore {
         Ok(row.is_some())
     }
 
-    /// The followees fanned out to `follower` (everyone they follow but the celebrities).
-    pub async fn fanned_out_followees(&self, follower: i64) -> AppResult<Vec<i64>> {
+    /// Everyone `follower` follows: those fanned out to them, and the celebrities (merged at
+    /// read time).
+    pub async fn followees(&self, follower: i64) -> AppResult<Followees> {
         let query = follows::Entity::find()
             .select_only()
             .column(follows::Column::FolloweeId)
             .filter(follows::Column::FollowerId.eq(follower));
-        let followees: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
+        let all: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
         let celebrities: HashSet<i64> = self
             .followed_celebrities(follower)
             .await?
             .into_iter()
             .collect();
-        Ok(followees
+        let (celebrities, fanned_out) = all
             .into_iter()
-            .filter(|followee| !celebrities.contains(followee))
-            .collect())
-    }
-
-    /// Every follower of `author`. SQLite hands sqlx one row at a time through a channel to its
-    /// worker thread, a thread hop per row: reading 100,000 followers that way was most of a
-    /// fan-out's cost. There the ids come as one text per page of `FOLLOWER_PAGE` instead; the
-    /// other backends stream rows natively.
-    pub async fn followers_of(&self, author: i64) -> AppResult<Vec<i64>> {
-        if self.db.get_database_backend() != DbBackend::Sqlite {
-            let query = follows::Entity::find()
-                .select_only()
-                .column(follows::Column::FollowerId)
-                .filter(follows::Column::FolloweeId.eq(author));
-            return Ok(retry_once(|| query.clone().into_tuple().all(&self.db)).await?);
-        }
-        let mut followers = Vec::new();
-        let mut after = i64::MIN;
-        loop {
-            let page = Statement::from_sql_and_values(
-                DbBackend::Sqlite,
-                "SELECT group_concat(follower_id) FROM (SELECT follower_id FROM follows \
-                 WHERE followee_id = ? AND follower_id > ? ORDER BY follower_id LIMIT ?)",
-                [author.into(), after.into(), FOLLOWER_PAGE.into()],
-            );
-            let row = retry_once(|| self.db.query_one_raw(page.clone())).await?;
-            let ids: Option<String> = match row {
-                Some(row) => row.try_get_by_index(0)?,
-                None => None,
-            };
-            let Some(ids) = ids else {
-                return Ok(followers);
-            };
-            let start = followers.len();
-            for id in ids.split(',') {
-                let id = id.parse::<i64>().map_err(|err| {
-                    AppError::Internal(format!("follower id {id:?} from SQLite: {err}"))
-                })?;
-                followers.push(id);
-            }
-            let page = &followers[start..];
-            after = page.iter().copied().max().unwrap_or(i64::MAX);
-            if (page.len() as u64) < FOLLOWER_PAGE {
-                return Ok(followers);
-            }
-        }
+            .partition(|followee| celebrities.contains(followee));
+        Ok(Followees {
+            fanned_out,
+            celebrities,
+        })
     }
 
     /// The celebrities `follower` follows (read-time merge), in one query: a page read asks for
@@ -271,38 +228,100 @@ impl FeedStore {
         Ok((below_cursor.take(limit as usize).collect(), coverage))
     }
 
-    /// Marks `user` active now: fan-out writes to their inbox from now on (while it exists).
-    pub async fn mark_active(&self, user: i64) -> AppResult<()> {
+    /// Adds `follower` to the audiences of `authors`: fan-out reaches them from now on (while
+    /// their inbox exists). Called before the inbox reads the authors' outboxes: an article
+    /// published meanwhile went to the outbox before its fan-out read the audience, so either the
+    /// read of the outbox or the fan-out sees it.
+    pub async fn join_audiences(&self, follower: i64, authors: &[i64]) -> AppResult<()> {
+        if authors.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        add_audience_joins(&mut pipe, &self.redis.keys, follower, authors);
         let mut conn = self.redis.conn.clone();
-        let now = chrono::Utc::now().timestamp_millis();
-        let _: i64 = redis::cmd("ZADD")
-            .arg(self.redis.keys.feed_active())
-            .arg(now)
-            .arg(user)
+        let () = pipe.query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    pub async fn leave_audience(&self, follower: i64, author: i64) -> AppResult<()> {
+        let mut conn = self.redis.conn.clone();
+        let _: u64 = redis::cmd("ZREM")
+            .arg(self.redis.keys.feed_audience(author, feed_shard(follower)))
+            .arg(follower)
             .query_async(&mut conn)
             .await?;
         Ok(())
     }
 
-    /// Those of `users` who read their feed within the inbox TTL, in one command.
-    pub async fn active_among(&self, users: &[i64]) -> AppResult<Vec<i64>> {
-        if users.is_empty() {
-            return Ok(Vec::new());
-        }
+    /// `author`'s audience cut into slices of at most about `size` followers (a slice may gain
+    /// followers who join after this read), each within one feed shard. The slices of a shard
+    /// cover every id, so no follower falls between two of them whatever joins or leaves.
+    pub async fn audience_slices(&self, author: i64, size: u64) -> AppResult<Vec<AudienceSlice>> {
+        let size = Ord::max(size, 1);
+        let keys = &self.redis.keys;
         let mut conn = self.redis.conn.clone();
-        let seen: Vec<Option<f64>> = redis::cmd("ZMSCORE")
-            .arg(self.redis.keys.feed_active())
-            .arg(users)
+        let mut counts = redis::pipe();
+        for shard in 0..FEED_SHARDS {
+            counts.zcard(keys.feed_audience(author, shard));
+        }
+        let counts: Vec<u64> = counts.query_async(&mut conn).await?;
+        // The last id of every full slice but the shard's last: ranks size-1, 2·size-1, …
+        let mut bounds = redis::pipe();
+        let mut bounded = Vec::new();
+        for (shard, &count) in (0..FEED_SHARDS).zip(&counts) {
+            for rank in (size - 1..count.saturating_sub(1)).step_by(size as usize) {
+                bounds.zrange(
+                    keys.feed_audience(author, shard),
+                    rank as isize,
+                    rank as isize,
+                );
+                bounded.push(shard);
+            }
+        }
+        let bounds: Vec<Vec<i64>> = if bounded.is_empty() {
+            Vec::new()
+        } else {
+            bounds.query_async(&mut conn).await?
+        };
+        let mut slices = Vec::new();
+        let mut bounds = bounded.into_iter().zip(bounds).peekable();
+        for (shard, &count) in (0..FEED_SHARDS).zip(&counts) {
+            if count == 0 {
+                continue;
+            }
+            let mut after = None;
+            while let Some((_, bound)) = bounds.next_if(|(of, _)| *of == shard) {
+                // A follower who left between the two reads leaves a gap; the range still covers it.
+                let Some(&up_to) = bound.first() else {
+                    continue;
+                };
+                slices.push(AudienceSlice {
+                    shard,
+                    after,
+                    up_to: Some(up_to),
+                });
+                after = Some(up_to);
+            }
+            slices.push(AudienceSlice {
+                shard,
+                after,
+                up_to: None,
+            });
+        }
+        Ok(slices)
+    }
+
+    /// The followers in one slice of `author`'s audience now.
+    pub async fn audience_of(&self, author: i64, slice: &AudienceSlice) -> AppResult<Vec<i64>> {
+        let mut conn = self.redis.conn.clone();
+        let min = slice.after.map_or("-inf".to_owned(), |id| format!("({id}"));
+        let max = slice.up_to.map_or("+inf".to_owned(), |id| id.to_string());
+        Ok(redis::cmd("ZRANGEBYSCORE")
+            .arg(self.redis.keys.feed_audience(author, slice.shard))
+            .arg(min)
+            .arg(max)
             .query_async(&mut conn)
-            .await?;
-        let since = chrono::Utc::now().timestamp_millis() as f64
-            - self.settings.inbox_ttl.as_millis() as f64;
-        Ok(users
-            .iter()
-            .zip(seen)
-            .filter(|(_, at)| at.is_some_and(|at| at >= since))
-            .map(|(&user, _)| user)
-            .collect())
+            .await?)
     }
 
     /// The newest articles of `authors` for a rebuild: from their outboxes in one pipelined round
@@ -338,12 +357,14 @@ impl FeedStore {
         Ok((ids, complete))
     }
 
-    /// Delivers `articles` to the inboxes of `followers` that exist, in one pipelined round trip:
-    /// one script call per feed shard among the followers (a fan-out chunk holds one shard, so it
-    /// makes one call). `announce` publishes the new items to those online. Returns how many
-    /// (inbox, article) pairs were added.
+    /// Delivers `author`'s `articles` to the inboxes of `followers` that exist, in one pipelined
+    /// round trip: script calls of at most [`MAX_WRITES_PER_CALL`] writes, each within one feed
+    /// shard (a fan-out chunk holds one shard). Followers without an inbox leave the author's audience.
+    /// `announce` publishes the new items to those online. Returns how many (inbox, article)
+    /// pairs were added.
     pub async fn deliver(
         &self,
+        author: i64,
         articles: &[i64],
         followers: &[i64],
         announce: bool,
@@ -357,10 +378,14 @@ impl FeedStore {
         // A pipeline does not reload a script Redis has lost (a restart); load it once up front.
         script.prepare_invoke().load_async(&mut conn).await?;
         let mut pipe = redis::pipe();
-        for group in by_shard.values() {
-            for batch in group.chunks(MAX_INBOXES_PER_CALL) {
+        let inboxes_per_call = (MAX_WRITES_PER_CALL / articles.len()).max(1);
+        for (&shard, group) in &by_shard {
+            for batch in group.chunks(inboxes_per_call) {
                 let mut invocation = script.prepare_invoke();
-                invocation.arg(self.settings.cap).arg(articles.len());
+                invocation
+                    .key(self.redis.keys.feed_audience(author, shard))
+                    .arg(self.settings.cap)
+                    .arg(articles.len());
                 for &article in articles {
                     invocation.arg(article);
                 }
@@ -376,14 +401,18 @@ impl FeedStore {
                     } else {
                         String::new()
                     };
-                    invocation.arg(channel);
+                    invocation.arg(follower).arg(channel);
                 }
                 pipe.invoke_script(&invocation);
             }
         }
-        let results: Vec<(u64, u64)> = pipe.query_async(&mut conn).await?;
-        let added: u64 = results.iter().map(|(added, _)| added).sum();
-        let announced: u64 = results.iter().map(|(_, announced)| announced).sum();
+        let results: Vec<(u64, u64, u64)> = pipe.query_async(&mut conn).await?;
+        let (mut added, mut announced, mut dropped) = (0, 0, 0);
+        for (a, b, c) in results {
+            added += a;
+            announced += b;
+            dropped += c;
+        }
         self.counters
             .inbox_writes
             .fetch_add(added, Ordering::Relaxed);
@@ -392,15 +421,47 @@ impl FeedStore {
             .fetch_add(announced, Ordering::Relaxed);
         metrics::counter!("pulse_feed_inbox_writes_total").increment(added);
         metrics::counter!("pulse_feed_announcements_total").increment(announced);
+        metrics::counter!("pulse_feed_audience_left_total").increment(dropped);
         Ok(added)
     }
 }
 
-/// Follower ids one SQLite read returns as one text.
-const FOLLOWER_PAGE: u64 = 10_000;
+/// Adds to `pipe` the commands that put `follower` in the audiences of `authors`, one per author
+/// (each audience is in its own slot). Public for the load tool and the tests, which activate
+/// many readers at once without reading.
+pub fn add_audience_joins(pipe: &mut redis::Pipeline, keys: &Keys, follower: i64, authors: &[i64]) {
+    let shard = feed_shard(follower);
+    for &author in authors {
+        pipe.zadd(keys.feed_audience(author, shard), follower, follower)
+            .ignore();
+    }
+}
 
-/// Inboxes one deliver call writes at most: bounds how long one script holds Redis.
-const MAX_INBOXES_PER_CALL: usize = 256;
+pub struct Followees {
+    pub fanned_out: Vec<i64>,
+    pub celebrities: Vec<i64>,
+}
+
+impl Followees {
+    /// Celebrities included: a reader is in their audiences too, so an author who drops below
+    /// the threshold is fanned out to at once.
+    pub fn all(&self) -> Vec<i64> {
+        [&self.fanned_out[..], &self.celebrities[..]].concat()
+    }
+}
+
+/// Part of an author's audience within one feed shard: the followers whose ids are above `after`
+/// and up to `up_to` (unbounded where `None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AudienceSlice {
+    pub shard: u32,
+    pub after: Option<i64>,
+    pub up_to: Option<i64>,
+}
+
+/// (Inbox, article) pairs one deliver call writes at most (but always one inbox): bounds how long
+/// one script holds Redis, a few milliseconds.
+const MAX_WRITES_PER_CALL: usize = 256;
 
 /// `SELECT followee_id FROM follows WHERE follower_id = follower`, for `IN` filters.
 fn followees_of(follower: i64) -> sea_orm::sea_query::SelectStatement {

@@ -1,7 +1,7 @@
 //! Upkeep of the feed's Redis keys: `pulse feed vacuum` and `pulse rebuild feed`. Inboxes of
 //! inactive users need none: they expire on their own.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 
@@ -9,7 +9,7 @@ use super::FeedStore;
 use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::AppResult;
-use crate::redis::keys::FeedUserKeys;
+use crate::redis::keys::{FeedUserKeys, Keys};
 
 /// Every feed key, grouped by user: key name (`inbox`, `outbox`, …) → full key.
 async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String, String>>> {
@@ -17,8 +17,14 @@ async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String
     let mut found: BTreeMap<i64, BTreeMap<String, String>> = BTreeMap::new();
     while let Some(keys) = scan.next_batch().await? {
         for key in keys {
-            if let Some((user, name)) = FeedUserKeys::parse(store.redis.keys.prefix(), &key) {
+            let prefix = store.redis.keys.prefix();
+            if let Some((user, name)) = FeedUserKeys::parse(prefix, &key) {
                 found.entry(user).or_default().insert(name, key);
+            } else if let Some((author, shard)) = Keys::parse_feed_audience(prefix, &key) {
+                found
+                    .entry(author)
+                    .or_default()
+                    .insert(format!("audience:{shard}"), key);
             }
         }
     }
@@ -36,8 +42,8 @@ pub struct Vacuumed {
 }
 
 /// Removes the feed keys nothing will use again: those of deleted users, a rebuild's building
-/// key whose lock has expired (the rebuild died), a "no more" sentinel whose inbox has expired;
-/// and drops users inactive for longer than the inbox TTL from the active set.
+/// key whose lock has expired (the rebuild died), a "no more" sentinel whose inbox has expired.
+/// Audiences need no vacuum: a delivery drops the followers whose inbox has expired.
 pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
     let keys = feed_keys(store).await?;
     let ids: Vec<i64> = keys.keys().copied().collect();
@@ -75,40 +81,47 @@ pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
         }
         let () = pipe.query_async(&mut conn).await?;
     }
-    let since = chrono::Utc::now().timestamp_millis() - store.settings.inbox_ttl.as_millis() as i64;
-    let _: u64 = redis::cmd("ZREMRANGEBYSCORE")
-        .arg(store.redis.keys.feed_active())
-        .arg("-inf")
-        .arg(format!("({since}"))
-        .query_async(&mut conn)
-        .await?;
     metrics::counter!("pulse_feed_vacuumed_keys_total")
         .increment((report.of_deleted_users + report.leftovers) as u64);
     Ok(report)
 }
 
-/// Reloads every cached outbox from SQL (what `pulse rebuild feed` does); inboxes are rebuilt by
-/// their next read and need nothing. Returns how many outboxes were reloaded.
-pub async fn rebuild_outboxes(store: &FeedStore) -> AppResult<usize> {
+/// What `pulse rebuild feed` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Outboxes reloaded from SQL.
+    pub outboxes: usize,
+    /// Users with an inbox put back in the audiences of everyone they follow.
+    pub readers: usize,
+}
+
+/// Reloads every cached outbox from SQL, and puts every user whose inbox exists back in the
+/// audiences of their followees (joins lost with a Redis rollback would otherwise keep fan-out
+/// from them until their inbox expires). Inboxes are rebuilt by their next read and need nothing.
+pub async fn rebuild(store: &FeedStore) -> AppResult<Rebuilt> {
     let keys = feed_keys(store).await?;
-    let authors: BTreeSet<i64> = keys
-        .iter()
-        .filter(|(_, names)| names.contains_key("outbox") || names.contains_key("outbox-loaded"))
-        .map(|(&user, _)| user)
-        .collect();
+    let mut report = Rebuilt::default();
     let mut conn = store.redis.conn.clone();
-    for &author in &authors {
-        let keys = store.redis.keys.feed_user(author);
-        // Dropped first, so the load below starts from SQL alone; a publish meanwhile re-adds its
-        // article to the outbox before or after the load, and is kept either way.
-        let () = redis::pipe()
-            .del(keys.outbox_loaded())
-            .ignore()
-            .del(keys.outbox())
-            .ignore()
-            .query_async(&mut conn)
-            .await?;
-        store.outbox_page(author, i64::MAX, 0).await?;
+    for (&user, names) in &keys {
+        if names.contains_key("outbox") || names.contains_key("outbox-loaded") {
+            let outbox = store.redis.keys.feed_user(user);
+            // Dropped first, so the load below starts from SQL alone; a publish meanwhile re-adds
+            // its article to the outbox before or after the load, and is kept either way.
+            let () = redis::pipe()
+                .del(outbox.outbox_loaded())
+                .ignore()
+                .del(outbox.outbox())
+                .ignore()
+                .query_async(&mut conn)
+                .await?;
+            store.outbox_page(user, i64::MAX, 0).await?;
+            report.outboxes += 1;
+        }
+        if names.contains_key("inbox") {
+            let followees = store.followees(user).await?;
+            store.join_audiences(user, &followees.all()).await?;
+            report.readers += 1;
+        }
     }
-    Ok(authors.len())
+    Ok(report)
 }

@@ -24,6 +24,7 @@
 //! letters and trimming below the oldest unacknowledged entry over several hash-tagged shard
 //! streams; the runtime is the few hundred lines that do, on the `redis` crate we already use.
 
+mod bell;
 mod runtime;
 mod streams;
 
@@ -32,6 +33,7 @@ use std::collections::HashMap;
 use crate::redis::Redis;
 use crate::redis::keys::JobShardKeys;
 
+pub use bell::Bell;
 pub use runtime::{JobRuntime, JobSettings};
 pub use streams::{StreamStatus, enqueue, retry_dead, status, trim};
 

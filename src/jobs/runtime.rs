@@ -102,6 +102,7 @@ impl JobRuntime {
     /// and takes no new one.
     pub async fn run(self, job: Arc<dyn Job>, shutdown: CancellationToken) {
         let spec = job.spec();
+        let bell = self.redis.bell.of(spec.name);
         let mut ready = false;
         let mut last_trim: Option<Instant> = None;
         while !shutdown.is_cancelled() {
@@ -142,8 +143,11 @@ impl JobRuntime {
                 }
             }
             if handled == 0 {
+                // Not after an error: the backoff holds whatever is queued meanwhile.
+                let idle = ready && pause == self.settings.poll;
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
+                    _ = bell.notified(), if idle => {}
                     _ = shutdown.cancelled() => {}
                 }
             }

@@ -35,8 +35,11 @@ pub async fn enqueue(
     fields: &[(&str, &str)],
 ) -> RedisResult<String> {
     let mut conn = redis.conn.clone();
-    conn.xadd(spec.keys(redis, shard).stream(), "*", fields)
-        .await
+    let id = conn
+        .xadd(spec.keys(redis, shard).stream(), "*", fields)
+        .await?;
+    redis.bell.ring(spec.name);
+    Ok(id)
 }
 
 /// Creates the job's consumer group on every shard (and the streams, if missing). The group

@@ -603,11 +603,22 @@ impl Keys {
         format!("{}events:feed-author:{author}", self.prefix)
     }
 
-    /// Sorted set user → when they last read their feed (ms): who is active. Fan-out asks it about
-    /// a whole chunk of followers in one `ZMSCORE` and runs the inbox script only for the active
-    /// ones. Its own hash tag: only single-key commands touch it.
-    pub fn feed_active(&self) -> String {
-        format!("{}feed:active:{{f:active}}", self.prefix)
+    /// Sorted set follower id → follower id: the followers of `author` in feed shard `shard` who
+    /// are active, i.e. whose inbox exists. Fan-out reads these instead of every follower, so its
+    /// cost grows with the active followers only. A follower joins when their inbox is built (and
+    /// when they follow while it exists) and leaves when they unfollow, or when a delivery finds
+    /// their inbox expired. In the followers' shard, so that delivery can drop the expired ones
+    /// in the same script that finds them.
+    pub fn feed_audience(&self, author: i64, shard: u32) -> String {
+        format!("{}feed:audience:{author}:{{f:{shard}}}", self.prefix)
+    }
+
+    /// The author and shard of an audience key under `prefix` (see [`Self::feed_audience`]).
+    pub fn parse_feed_audience(prefix: &str, key: &str) -> Option<(i64, u32)> {
+        let (rest, tag) = key.strip_prefix(prefix)?.rsplit_once(":{f:")?;
+        let author = rest.strip_prefix("feed:audience:")?.parse().ok()?;
+        let shard = tag.strip_suffix('}')?.parse().ok()?;
+        (shard < FEED_SHARDS).then_some((author, shard))
     }
 
     /// A `SCAN MATCH` pattern for every feed key of every user.
@@ -723,7 +734,11 @@ mod feed_key_tests {
             keys.feed_user(74).inbox().ends_with(":74:{f:10}"),
             "74 is in 42's shard"
         );
-        assert_eq!(FeedUserKeys::parse("p:", &keys.feed_active()), None);
+        let audience = keys.feed_audience(42, 3);
+        assert!(audience.ends_with("{f:3}"), "{audience} is not in shard 3");
+        assert_eq!(FeedUserKeys::parse("p:", &audience), None);
+        assert_eq!(Keys::parse_feed_audience("p:", &audience), Some((42, 3)));
+        assert_eq!(Keys::parse_feed_audience("p:", &user.inbox()), None);
         assert_eq!(FeedUserKeys::parse("p:", "p:feed:inbox:42:{f:11}"), None);
         assert_eq!(Keys::new("t*:").feed_pattern(), "t\\*:feed:*");
     }

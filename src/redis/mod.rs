@@ -26,6 +26,8 @@ pub struct Redis {
     pub conn: CountedConnection,
     pub keys: Keys,
     pub scripts: Arc<Scripts>,
+    /// Shared by every handle of one process (see [`Self::own_connection`]).
+    pub bell: crate::jobs::Bell,
 }
 
 impl Redis {
@@ -50,6 +52,7 @@ impl Redis {
             },
             keys: Keys::new(prefix),
             scripts: Arc::new(scripts),
+            bell: crate::jobs::Bell::default(),
         })
     }
 
@@ -66,6 +69,7 @@ impl Redis {
             },
             keys: self.keys.clone(),
             scripts: self.scripts.clone(),
+            bell: self.bell.clone(),
         })
     }
 

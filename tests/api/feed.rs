@@ -253,6 +253,19 @@ async fn the_feed_needs_a_sign_in_and_refuses_forged_and_foreign_cursors() {
     assert!(next.ids[0] < alices.ids[1]);
 }
 
+/// Whether `user` is in `author`'s audience (fan-out reaches them).
+pub(crate) async fn in_audience(app: &TestApp, author: i64, user: i64) -> bool {
+    let mut conn = redis_conn(app).await;
+    let shard = pulse::redis::keys::feed_shard(user);
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(app.state.redis.keys.feed_audience(author, shard))
+        .arg(user)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    score.is_some()
+}
+
 #[tokio::test]
 async fn an_article_published_by_a_followee_reaches_an_active_readers_first_page() {
     let app = TestApp::spawn().await;
@@ -283,6 +296,36 @@ async fn an_article_published_by_a_followee_reaches_an_active_readers_first_page
         .await
         .unwrap();
     assert!(!idle_inbox, "an inactive follower got an inbox write");
+}
+
+#[tokio::test]
+async fn a_dispatched_publication_wakes_this_process_fan_out_instead_of_waiting_for_its_poll() {
+    let app = TestApp::spawn_with(|config| config.run_jobs = false).await;
+    let people = users(&app, "bell", 2).await;
+    let (author, reader) = (people[0], people[1]);
+    bulk_follow(&app, &[reader], author).await;
+    feed_page(&app, &token(&app, reader), 10, None).await;
+    let store = app.state.services.feed.store().clone();
+    let settings = pulse::jobs::JobSettings {
+        poll: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let runtime = pulse::jobs::JobRuntime::new(app.state.redis.clone(), settings);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let fanout = std::sync::Arc::new(pulse::feed::fanout::Fanout(store.clone()));
+    let worker = tokio::spawn(runtime.clone().run(fanout, stop.clone()));
+    // Let the worker finish its first round and settle into its ten-minute wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let article = publish(&app, &token(&app, author), "rung").await;
+    let dispatcher = pulse::feed::dispatch::Dispatcher(store);
+    assert_eq!(runtime.poll_once(&dispatcher).await.unwrap(), 1);
+    eventually("the article reaches the inbox", async || {
+        in_inbox(&app, reader, article).await
+    })
+    .await;
+    stop.cancel();
+    worker.await.unwrap();
 }
 
 #[tokio::test]
@@ -460,6 +503,7 @@ async fn after_unfollow_no_page_shows_the_author_and_after_follow_their_recent_p
     })
     .await;
 
+    assert!(in_audience(&app, dropped, reader).await);
     let response = unfollow(&app, &reader_token, dropped).await;
     assert_eq!(
         response["data"]["unfollow"]["following"], false,
@@ -491,10 +535,76 @@ async fn after_unfollow_no_page_shows_the_author_and_after_follow_their_recent_p
     )
     .await;
 
+    assert!(
+        !in_audience(&app, dropped, reader).await,
+        "the unfollower is still fanned out to"
+    );
+    assert!(in_audience(&app, kept, reader).await);
+
     follow(&app, &reader_token, dropped).await;
     eventually("the followee's recent posts are back", async || {
         let page = feed_page(&app, &reader_token, 20, None).await;
         dropped_posts.iter().all(|post| page.ids.contains(post))
+    })
+    .await;
+    assert!(in_audience(&app, dropped, reader).await);
+    let fresh = publish(&app, &token(&app, dropped), "after the follow").await;
+    eventually("a new post of the followee is fanned out", async || {
+        in_inbox(&app, reader, fresh).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reader_whose_inbox_expired_leaves_the_audience_and_rejoins_on_the_next_read() {
+    let app = TestApp::spawn().await;
+    let people = users(&app, "aud", 2).await;
+    let (author, reader) = (people[0], people[1]);
+    let reader_token = token(&app, reader);
+    follow(&app, &reader_token, author).await;
+    assert!(
+        !in_audience(&app, author, reader).await,
+        "a follower who never read their feed is fanned out to"
+    );
+    feed_page(&app, &reader_token, 10, None).await;
+    assert!(
+        in_audience(&app, author, reader).await,
+        "the read did not join"
+    );
+    let first = publish(&app, &token(&app, author), "while active").await;
+    eventually("fanned out while active", async || {
+        in_inbox(&app, reader, first).await
+    })
+    .await;
+
+    // The inbox expires, as an unread one does.
+    let mut conn = redis_conn(&app).await;
+    let () = redis::cmd("DEL")
+        .arg(app.state.redis.keys.feed_user(reader).inbox())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let second = publish(&app, &token(&app, author), "while away").await;
+    eventually("the delivery drops the inactive reader", async || {
+        !in_audience(&app, author, reader).await
+    })
+    .await;
+    let inbox_exists: bool = redis::cmd("EXISTS")
+        .arg(app.state.redis.keys.feed_user(reader).inbox())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!inbox_exists, "the delivery created an expired inbox");
+
+    let page = feed_page(&app, &reader_token, 10, None).await;
+    assert_eq!(page.ids, vec![second, first], "the rebuild missed a post");
+    assert!(
+        in_audience(&app, author, reader).await,
+        "the rebuild did not rejoin"
+    );
+    let third = publish(&app, &token(&app, author), "back again").await;
+    eventually("fanned out again after the return", async || {
+        in_inbox(&app, reader, third).await
     })
     .await;
 }

@@ -31,19 +31,18 @@ async fn inboxes(app: &TestApp, users: &[i64], article: i64) -> (usize, usize) {
     (holding, existing)
 }
 
-/// Makes `users` active as a read does: marked active, their inboxes exist (the anchor only).
-async fn activate(app: &TestApp, users: &[i64]) {
+/// Makes `users` active as a read does: their inboxes exist (the anchor only), and they are in the
+/// audience of `author`, whom they follow.
+async fn activate(app: &TestApp, users: &[i64], author: i64) {
     let mut conn = redis_conn(app).await;
     let mut pipe = redis::pipe();
-    let now = chrono::Utc::now().timestamp_millis();
     for &user in users {
         let inbox = app.state.redis.keys.feed_user(user).inbox();
         pipe.zadd(&inbox, 0, 0)
             .ignore()
             .expire(&inbox, 3600)
-            .ignore()
-            .zadd(app.state.redis.keys.feed_active(), user, now)
             .ignore();
+        pulse::feed::store::add_audience_joins(&mut pipe, &app.state.redis.keys, user, &[author]);
     }
     let () = pipe.query_async(&mut conn).await.unwrap();
 }
@@ -78,7 +77,7 @@ async fn fanning_out_to_20000_followers_2000_active_survives_a_killed_worker_and
         .filter(|(i, _)| i % ACTIVE_EVERY != 0)
         .map(|(_, user)| user)
         .collect();
-    activate(&app, &active).await;
+    activate(&app, &active, author).await;
 
     let port = free_port();
     let mut worker = spawn_server_process(
@@ -133,4 +132,133 @@ async fn fanning_out_to_20000_followers_2000_active_survives_a_killed_worker_and
     );
     let (holding, existing) = inboxes(&restarted, &active, article).await;
     assert_eq!((holding, existing), (active.len(), active.len()));
+}
+
+#[tokio::test]
+async fn an_audience_is_cut_into_slices_of_one_shard_that_hold_each_follower_once() {
+    let app = TestApp::spawn().await;
+    let store = app.state.services.feed.store();
+    let author = 1;
+    // 32 shards: shard 0 gets 25 followers, shard 1 exactly 10, shard 2 one, the rest none.
+    let mut followers: Vec<i64> = (0..25).map(|i| 32 * i + 100_000).collect();
+    followers.extend((0..10).map(|i| 32 * i + 100_001));
+    followers.push(100_002);
+    let mut conn = redis_conn(&app).await;
+    let mut pipe = redis::pipe();
+    for &follower in &followers {
+        pulse::feed::store::add_audience_joins(
+            &mut pipe,
+            &app.state.redis.keys,
+            follower,
+            &[author],
+        );
+    }
+    let () = pipe.query_async(&mut conn).await.unwrap();
+
+    let slices = store.audience_slices(author, 10).await.unwrap();
+    let mut sizes = Vec::new();
+    let mut seen = Vec::new();
+    for slice in &slices {
+        let members = store.audience_of(author, slice).await.unwrap();
+        assert!(
+            members
+                .iter()
+                .all(|&member| pulse::redis::keys::feed_shard(member) == slice.shard),
+            "a slice spans shards"
+        );
+        sizes.push((slice.shard, members.len()));
+        seen.extend(members);
+    }
+    assert_eq!(sizes, vec![(0, 10), (0, 10), (0, 5), (1, 10), (2, 1)]);
+    seen.sort_unstable();
+    followers.sort_unstable();
+    assert_eq!(seen, followers, "a follower is in no slice or in two");
+    // A follower who joins after the cut is in the slice covering their id.
+    let late = 32 * 1000 + 100_000;
+    let mut pipe = redis::pipe();
+    pulse::feed::store::add_audience_joins(&mut pipe, &app.state.redis.keys, late, &[author]);
+    let () = pipe.query_async(&mut conn).await.unwrap();
+    let last_of_shard_0 = store.audience_of(author, &slices[2]).await.unwrap();
+    assert!(last_of_shard_0.contains(&late));
+}
+
+#[tokio::test]
+async fn a_burst_by_one_author_travels_as_one_chunk_per_slice_and_reaches_each_inbox_once() {
+    let app = TestApp::spawn_with(|config| config.run_jobs = false).await;
+    let people = users(&app, "burst", 4).await;
+    let (author, readers) = (people[0], &people[1..]);
+    bulk_follow(&app, readers, author).await;
+    activate(&app, readers, author).await;
+    let store = app.state.services.feed.store().clone();
+    let runtime = pulse::jobs::JobRuntime::new(app.state.redis.clone(), Default::default());
+    let dispatcher = pulse::feed::dispatch::Dispatcher(store.clone());
+    let fanout = pulse::feed::fanout::Fanout(store.clone());
+    let author_token = token(&app, author);
+
+    let mut burst = Vec::new();
+    for i in 0..5 {
+        burst.push(publish(&app, &author_token, &format!("burst {i}")).await);
+    }
+    assert_eq!(runtime.poll_once(&dispatcher).await.unwrap(), 5);
+    // One more publication dispatched on its own: a second chunk for the same slices.
+    let late = publish(&app, &author_token, "late").await;
+    assert_eq!(runtime.poll_once(&dispatcher).await.unwrap(), 1);
+
+    let mut conn = redis_conn(&app).await;
+    let mut queued = Vec::new();
+    let streams = pulse::jobs::status(&app.state.redis, pulse::feed::fanout::SPEC)
+        .await
+        .unwrap();
+    for (shard, status) in streams.iter().enumerate() {
+        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&status.stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for entry in entries.ids {
+            let slice = (
+                entry.get::<String>("shard").unwrap(),
+                entry.get::<String>("after").unwrap(),
+                entry.get::<String>("up_to").unwrap(),
+            );
+            queued.push((shard, slice, entry.get::<String>("articles").unwrap()));
+        }
+    }
+    let shards_of_readers: std::collections::BTreeSet<u32> = readers
+        .iter()
+        .map(|&reader| pulse::redis::keys::feed_shard(reader))
+        .collect();
+    let joined = |ids: &[i64]| ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    assert_eq!(
+        queued.len(),
+        2 * shards_of_readers.len(),
+        "not one chunk per slice and dispatch: {queued:?}"
+    );
+    for (stream, slice, articles) in &queued {
+        assert!(
+            articles == &joined(&burst) || articles == &late.to_string(),
+            "a chunk carries {articles}"
+        );
+        let twin = queued
+            .iter()
+            .filter(|(_, other_slice, _)| other_slice == slice)
+            .all(|(other_stream, _, _)| other_stream == stream);
+        assert!(twin, "the chunks of one slice went to different streams");
+    }
+
+    let handled = runtime.poll_once(&fanout).await.unwrap();
+    assert_eq!(handled, queued.len());
+    for &reader in readers {
+        let (holding, _) = inboxes(&app, &[reader], late).await;
+        assert_eq!(holding, 1);
+        for &article in &burst {
+            assert_eq!(inboxes(&app, &[reader], article).await, (1, 1));
+        }
+    }
+    assert_eq!(
+        store.counters.inbox_writes.load(Ordering::Relaxed) as usize,
+        readers.len() * (burst.len() + 1)
+    );
 }

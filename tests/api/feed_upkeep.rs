@@ -3,7 +3,7 @@
 use sea_orm::EntityTrait;
 
 use crate::feed::{
-    bulk_follow, eventually, feed_page, in_inbox, publish, redis_conn, token, users,
+    bulk_follow, eventually, feed_page, in_audience, in_inbox, publish, redis_conn, token, users,
 };
 use crate::helpers::{TestApp, pulse_command};
 
@@ -47,12 +47,14 @@ async fn vacuum_removes_the_keys_of_deleted_users_and_dead_rebuilds_and_nothing_
         healthy.outbox_loaded(),
         rebuilding.inbox_building(),
         rebuilding.rebuild_lock(),
+        keys.feed_audience(people[0], 7),
     ];
     let removed = [
         dead_rebuild.inbox_building(),
         dead_rebuild.no_more(),
         gone.inbox(),
         gone.outbox(),
+        keys.feed_audience(gone.user(), 7),
     ];
     set(&app, &kept).await;
     set(&app, &removed).await;
@@ -69,7 +71,7 @@ async fn vacuum_removes_the_keys_of_deleted_users_and_dead_rebuilds_and_nothing_
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{output:?}");
     assert!(
-        stdout.contains("removed 2 feed keys of deleted users and 2 left"),
+        stdout.contains("removed 3 feed keys of deleted users and 2 left"),
         "{stdout}"
     );
     for key in &kept {
@@ -81,7 +83,7 @@ async fn vacuum_removes_the_keys_of_deleted_users_and_dead_rebuilds_and_nothing_
 }
 
 #[tokio::test]
-async fn rebuild_feed_reloads_a_damaged_outbox_from_sql() {
+async fn rebuild_feed_reloads_a_damaged_outbox_from_sql_and_restores_lost_audiences() {
     let app = TestApp::spawn_with(|config| config.feed_celebrity_followers = 1).await;
     let people = users(&app, "obx", 2).await;
     let (star, fan) = (people[0], people[1]);
@@ -119,10 +121,27 @@ async fn rebuild_feed_reloads_a_damaged_outbox_from_sql() {
     };
     assert_eq!(outbox_ids(&mut conn).await, [posts[0], posts[2]]);
 
-    let reloaded = pulse::feed::upkeep::rebuild_outboxes(app.state.services.feed.store())
+    // A rollback also lost the fan's place in the star's audience.
+    let () = redis::cmd("DEL")
+        .arg(
+            app.state
+                .redis
+                .keys
+                .feed_audience(star, pulse::redis::keys::feed_shard(fan)),
+        )
+        .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(reloaded >= 1);
+
+    let rebuilt = pulse::feed::upkeep::rebuild(app.state.services.feed.store())
+        .await
+        .unwrap();
+    assert_eq!(rebuilt.outboxes, 1);
+    assert_eq!(rebuilt.readers, 1);
+    assert!(
+        in_audience(&app, star, fan).await,
+        "the reader is not back in the audience"
+    );
     assert_eq!(
         outbox_ids(&mut conn).await,
         posts,
