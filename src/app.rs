@@ -17,6 +17,7 @@ use crate::accounts::TokenSigner;
 use crate::config::{Config, Secret};
 use crate::graphql::PulseSchema;
 use crate::graphql::schema::{self, QueryLimits};
+use crate::graphql::validated::ValidationTally;
 use crate::http::TrustedProxies;
 use crate::http::server::Connections;
 use crate::realtime::Hub;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub redis: Redis,
     pub services: Arc<Services>,
     pub schema: PulseSchema,
+    /// Requests that reused their document's validation (see [`crate::graphql::validated`]).
+    pub validations: Arc<ValidationTally>,
     pub tokens: Arc<TokenSigner>,
     pub hub: Hub,
     pub connections: Connections,
@@ -121,10 +124,12 @@ impl App {
             max_complexity: config.max_query_complexity,
             introspection: config.introspection,
         };
+        let validations = Arc::new(ValidationTally::default());
         let state = AppState {
             db,
             redis,
-            schema: schema::build(limits, services.clone()),
+            schema: schema::build(limits, services.clone(), validations.clone()),
+            validations,
             services,
             tokens,
             hub,

@@ -112,6 +112,12 @@ pub const METRICS: &[Metric] = &[
         initial: &[&[("operation", "invalid"), ("outcome", "error")]],
     },
     Metric {
+        name: "pulse_graphql_validations_skipped_total",
+        kind: MetricKind::Counter,
+        help: "Requests whose document's earlier validation was reused: a document already accepted, with variables that cannot change the verdict",
+        initial: NO_LABELS,
+    },
+    Metric {
         name: "pulse_http_connections_open",
         kind: MetricKind::Gauge,
         help: "TCP connections open to the HTTP server",

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use bytes::Bytes;
+use hyper::header::HeaderValue;
 use rand::Rng as _;
 use rand::rngs::StdRng;
-use reqwest::Url;
-use reqwest::header::AUTHORIZATION;
 use sea_orm::{ConnectionTrait as _, DatabaseConnection, Statement};
 use serde::Deserialize;
 use serde_json::json;
@@ -22,6 +22,7 @@ use serde_json::json;
 use crate::LikeToggleArgs;
 use crate::ceiling::{self, Ceiling, CeilingPlan, Script};
 use crate::database::BenchDatabase;
+use crate::http1::{Extra, GraphqlConnection};
 use crate::load::{self, LoadPlan, LoadResult, Sender, Stop};
 use crate::proc_stats::{self, Cost, CostMeter};
 use crate::record_view::{seed, sign_up, sum_over_articles};
@@ -107,12 +108,11 @@ impl Shape {
 
 /// The bodies and credentials every sender shares, built once.
 struct Requests {
-    url: Url,
-    /// One body per article, kept for the whole run so requests borrow rather than copy.
-    like: Vec<&'static str>,
-    unlike: Vec<&'static str>,
+    /// One body per article, shared by every request that sends it.
+    like: Vec<Bytes>,
+    unlike: Vec<Bytes>,
     /// `Bearer <token>` per user.
-    authorizations: Vec<String>,
+    authorizations: Vec<HeaderValue>,
 }
 
 #[derive(Deserialize)]
@@ -131,31 +131,31 @@ struct LikeAnswer {
 /// Likes (`like`) or unlikes one article as one user; the answer must show the relation asked
 /// for, with a count that allows it.
 async fn send_like(
-    http: &reqwest::Client,
+    connection: &mut GraphqlConnection,
     requests: &Requests,
     user: usize,
     article: usize,
     like: bool,
 ) -> Result<(), String> {
     let body = if like {
-        requests.like[article]
+        &requests.like[article]
     } else {
-        requests.unlike[article]
+        &requests.unlike[article]
     };
-    let request = http
-        .post(requests.url.clone())
-        .header(AUTHORIZATION, &requests.authorizations[user])
-        .body(body);
-    load::answer(request, "like", |data: LikeData| {
+    let extra = Extra {
+        authorization: Some(&requests.authorizations[user]),
+        ..Extra::default()
+    };
+    let (status, answer) = connection.post(body.clone(), extra).await?;
+    load::judge(status, &answer, "like", |data: LikeData| {
         let answer = data.like;
         (answer.liked == like && answer.like_count >= i64::from(like)).then_some(())
     })
-    .await
 }
 
 /// First likes: every (user, article) pair once, taken in turn from a shared counter.
 struct FirstLikeSender {
-    http: reqwest::Client,
+    connection: GraphqlConnection,
     requests: Arc<Requests>,
     next_pair: Arc<AtomicU64>,
 }
@@ -166,7 +166,7 @@ impl Sender for FirstLikeSender {
         let articles = self.requests.like.len() as u64;
         let (user, article) = (pair / articles, pair % articles);
         send_like(
-            &self.http,
+            &mut self.connection,
             &self.requests,
             user as usize,
             article as usize,
@@ -180,7 +180,7 @@ impl Sender for FirstLikeSender {
 /// Toggles: a random user of this client's own and a random article; likes what the user does not
 /// like and unlikes what it does, so every request changes state.
 struct ToggleSender {
-    http: reqwest::Client,
+    connection: GraphqlConnection,
     requests: Arc<Requests>,
     /// The users this client alone drives (their indexes).
     users: Vec<usize>,
@@ -197,7 +197,14 @@ impl Sender for ToggleSender {
         let article = rng.random_range(0..articles);
         let slot = local * articles + article;
         let like = !self.liked[slot];
-        send_like(&self.http, &self.requests, self.users[local], article, like).await?;
+        send_like(
+            &mut self.connection,
+            &self.requests,
+            self.users[local],
+            article,
+            like,
+        )
+        .await?;
         self.liked[slot] = like;
         self.liked_total
             .fetch_add(if like { 1 } else { -1 }, Ordering::Relaxed);
@@ -362,19 +369,18 @@ async fn load_phases(
     );
     let articles = seed(http, &graphql_url, shape.articles).await?;
     let tokens = sign_up_many(http, &graphql_url, shape.users).await?;
-    let body = |query: &str, id: &str| -> &'static str {
+    let body = |query: &str, id: &str| -> Bytes {
         json!({ "query": query, "variables": { "s": id } })
             .to_string()
-            .leak()
+            .into()
     };
     let requests = Arc::new(Requests {
-        url: graphql_url.parse()?,
         like: articles.iter().map(|id| body(LIKE, id)).collect(),
         unlike: articles.iter().map(|id| body(UNLIKE, id)).collect(),
         authorizations: tokens
             .iter()
-            .map(|token| format!("Bearer {token}"))
-            .collect(),
+            .map(|token| HeaderValue::from_str(&format!("Bearer {token}")))
+            .collect::<Result<_, _>>()?,
     });
 
     eprintln!(
@@ -385,7 +391,7 @@ async fn load_phases(
     let first_likes = load::run(
         (0..shape.clients)
             .map(|_| FirstLikeSender {
-                http: http.clone(),
+                connection: GraphqlConnection::new(server.addr),
                 requests: requests.clone(),
                 next_pair: next_pair.clone(),
             })
@@ -407,7 +413,7 @@ async fn load_phases(
                 .step_by(shape.clients as usize)
                 .collect();
             ToggleSender {
-                http: http.clone(),
+                connection: GraphqlConnection::new(server.addr),
                 requests: requests.clone(),
                 liked: vec![true; users.len() * articles.len()],
                 users,

@@ -67,11 +67,21 @@ pub async fn answer<D: DeserializeOwned, T>(
         .bytes()
         .await
         .map_err(|err| format!("reading the body: {err}"))?;
+    judge(status, &bytes, what, accept)
+}
+
+/// Reads an answer's `data` as `D`, which `accept` must take (see [`answer`]).
+pub fn judge<D: DeserializeOwned, T>(
+    status: reqwest::StatusCode,
+    bytes: &[u8],
+    what: &str,
+    accept: impl FnOnce(D) -> Option<T>,
+) -> Result<T, String> {
     let shown = || String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
     if status != reqwest::StatusCode::OK {
         return Err(format!("HTTP {status}: {}", shown()));
     }
-    match serde_json::from_slice::<Answer<D>>(&bytes) {
+    match serde_json::from_slice::<Answer<D>>(bytes) {
         Ok(Answer {
             errors: Some(_), ..
         }) => Err(format!("GraphQL errors: {}", shown())),

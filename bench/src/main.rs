@@ -23,6 +23,7 @@ mod database;
 mod dedup_memory;
 mod feed_read;
 mod fuzz;
+mod http1;
 mod leaderboard_read;
 mod like_memory;
 mod like_toggle;

@@ -22,6 +22,7 @@ use metrics::{Counter, Histogram};
 use super::guard;
 use super::order::{self, SchemaTypes};
 use super::persisted::PersistedDocuments;
+use super::validated::{Validation, ValidationTally};
 use crate::documents::DocumentStore;
 use crate::error::{AppError, shorten_message};
 
@@ -181,33 +182,46 @@ pub enum HttpMethod {
 /// The cache: clients send the same few operations again and again, and parsing was about a tenth
 /// of the CPU of a `recordView` request; cloning a parsed document costs a fraction of that. Neither
 /// check depends on the variables, so a cached document, which passed both, is not checked again.
-/// async-graphql's own checks and validation still run on every request.
+/// async-graphql's own checks still run on every request, and its validation wherever the
+/// variables could change its verdict (see [`super::validated`]).
 #[derive(Clone)]
 pub struct DocumentGuard {
     /// Nodes the operations of one document may select once spreads are expanded.
     max_expanded: usize,
     types: Arc<SchemaTypes>,
-    documents: Arc<Mutex<HashMap<String, Arc<ExecutableDocument>>>>,
+    documents: Arc<Mutex<HashMap<String, Arc<GuardedDocument>>>>,
+    validations: Arc<ValidationTally>,
+}
+
+/// A document that passed the guard, with what its validation may be reused for.
+struct GuardedDocument {
+    document: Arc<ExecutableDocument>,
+    validation: Arc<Validation>,
 }
 
 impl DocumentGuard {
     /// Allows a few times the complexity limit, which counts every field of a query at least once:
     /// queries that pass validation fit with room for their arguments and directives, and
     /// validating what fits stays cheap.
-    pub fn new(max_complexity: usize, types: Arc<SchemaTypes>) -> Self {
+    pub fn new(
+        max_complexity: usize,
+        types: Arc<SchemaTypes>,
+        validations: Arc<ValidationTally>,
+    ) -> Self {
         Self {
             max_expanded: max_complexity.saturating_mul(4),
             types,
             documents: Arc::default(),
+            validations,
         }
     }
 
-    fn cached(&self, query: &str) -> Option<Arc<ExecutableDocument>> {
+    fn cached(&self, query: &str) -> Option<Arc<GuardedDocument>> {
         let documents = self.documents.lock().expect("cache lock poisoned");
         documents.get(query).cloned()
     }
 
-    fn keep(&self, query: &str, document: &Arc<ExecutableDocument>) {
+    fn keep(&self, query: &str, document: &Arc<GuardedDocument>) {
         if query.len() > MAX_CACHED_QUERY_BYTES {
             return;
         }
@@ -219,7 +233,7 @@ impl DocumentGuard {
     }
 
     /// The request's document, checked, probed for the response order, and kept.
-    fn document(&self, request: &mut Request) -> ServerResult<Arc<ExecutableDocument>> {
+    fn document(&self, request: &mut Request) -> ServerResult<Arc<GuardedDocument>> {
         if let Some(document) = self.cached(&request.query) {
             return Ok(document);
         }
@@ -227,7 +241,10 @@ impl DocumentGuard {
         let mut document = async_graphql::parser::parse_query(&request.query)?;
         guard::check_expansion(&document, self.max_expanded).map_err(refused)?;
         order::add_type_probes(&self.types, &mut document);
-        let document = Arc::new(document);
+        let document = Arc::new(GuardedDocument {
+            validation: Arc::new(Validation::of(&document)),
+            document: Arc::new(document),
+        });
         self.keep(&request.query, &document);
         Ok(document)
     }
@@ -336,6 +353,7 @@ impl ExtensionFactory for RequestPipeline {
             persisted: PersistedDocuments::new(self.documents.clone()),
             guard: self.guard.clone(),
             executed: Arc::default(),
+            reusable_validation: Mutex::new(None),
         })
     }
 }
@@ -348,6 +366,8 @@ struct RequestStages {
     guard: DocumentGuard,
     /// The document and operation name of this request, for putting its answers in order.
     executed: Arc<Mutex<Option<Executed>>>,
+    /// The document's validation, when this request's variables cannot change its verdict.
+    reusable_validation: Mutex<Option<Arc<Validation>>>,
 }
 
 #[async_trait::async_trait]
@@ -380,8 +400,18 @@ impl Extension for RequestStages {
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
         let mut request = self.persisted.prepare(request).await?;
-        let document = self.guard.document(&mut request)?;
+        let guarded = self.guard.document(&mut request)?;
+        let document = guarded.document.clone();
         check_transport(&request, &document)?;
+        if guarded
+            .validation
+            .reusable_for(request.operation_name.as_deref(), &request.variables)
+        {
+            *self
+                .reusable_validation
+                .lock()
+                .expect("validation lock poisoned") = Some(guarded.validation.clone());
+        }
         request.set_parsed_query(ExecutableDocument::clone(&document));
         *self.executed.lock().expect("document lock poisoned") =
             Some((document, request.operation_name.clone()));
@@ -393,7 +423,21 @@ impl Extension for RequestStages {
         ctx: &ExtensionContext<'_>,
         next: NextValidation<'_>,
     ) -> Result<ValidationResult, Vec<ServerError>> {
-        self.limits.check(next.run(ctx).await?)
+        let reusable = self
+            .reusable_validation
+            .lock()
+            .expect("validation lock poisoned")
+            .take();
+        let Some(validation) = reusable else {
+            return self.limits.check(next.run(ctx).await?);
+        };
+        if let Some(accepted) = validation.accepted() {
+            self.guard.validations.count_skip();
+            return self.limits.check(accepted);
+        }
+        let measured = next.run(ctx).await?;
+        validation.accept(measured);
+        self.limits.check(measured)
     }
 
     async fn execute(

@@ -9,6 +9,7 @@ pub mod order;
 pub mod pagination;
 pub mod persisted;
 pub mod schema;
+pub mod validated;
 
 use async_graphql::Context;
 

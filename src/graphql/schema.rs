@@ -6,6 +6,7 @@ use super::extensions::{DocumentGuard, OperationMetrics, QueryLimitsCheck, Reque
 use super::loaders::Loaders;
 use super::node::NodeQuery;
 use super::order::SchemaTypes;
+use super::validated::ValidationTally;
 use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
@@ -63,7 +64,11 @@ pub struct QueryLimits {
 
 /// The server's schema: its shape, its limits and the pipeline every request passes through (see
 /// [`RequestPipeline`]).
-pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
+pub fn build(
+    limits: QueryLimits,
+    services: Arc<Services>,
+    validations: Arc<ValidationTally>,
+) -> PulseSchema {
     let types = SchemaTypes::from_sdl(&sdl()).expect("async-graphql prints SDL its parser reads");
     let builder = Schema::build(
         Query::default(),
@@ -82,7 +87,7 @@ pub fn build(limits: QueryLimits, services: Arc<Services>) -> PulseSchema {
         },
         metrics: OperationMetrics::default(),
         documents: services.documents.clone(),
-        guard: DocumentGuard::new(limits.max_complexity, Arc::new(types)),
+        guard: DocumentGuard::new(limits.max_complexity, Arc::new(types), validations),
     });
     let builder = if limits.introspection {
         builder

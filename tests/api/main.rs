@@ -24,6 +24,7 @@ mod private_redis;
 mod rollback;
 mod sql_input;
 mod subscriptions;
+mod validated_documents;
 mod views;
 mod votes;
 mod votes_limits;
