@@ -1,6 +1,7 @@
 //! The layering of ARCHITECTURE.md, checked on the source tree: resolvers reach storage only through
 //! services, and services know nothing of GraphQL. Comments are ignored; any other mention of a
-//! forbidden crate or module (a `use`, a path in an expression) fails.
+//! forbidden crate or module (a `use`, a path in an expression) fails. Also an assumption the
+//! request pipeline rests on: query complexity reads no argument but the page size `first`.
 
 use std::path::{Path, PathBuf};
 
@@ -91,4 +92,41 @@ fn services_import_nothing_from_the_graphql_layer() {
     assert!(services.len() >= 6, "found only {services:?}");
     let found = violations(&services, &["graphql", "async_graphql"]);
     assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// `graphql/validated.rs` reuses a document's validation verdict, complexity included, whenever its
+/// variables are all `ID`s or `String`s: that is sound only while no complexity function reads an
+/// argument of those types. Every `complexity = "…"` may name the children's complexity, the `Int`
+/// page size `first`, and arithmetic on them.
+#[test]
+fn complexity_functions_read_only_the_page_size() {
+    const ALLOWED: &[&str] = &[
+        "child_complexity",
+        "first",
+        "connection_complexity",
+        "unwrap_or",
+        "clamp",
+        "as",
+        "usize",
+    ];
+    let mut found = 0;
+    let mut violations = Vec::new();
+    for path in sources() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for expression in text.split("complexity = \"").skip(1) {
+            let expression = expression.split('"').next().unwrap_or_default();
+            found += 1;
+            for word in expression.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+                let is_name = word.starts_with(|c: char| c.is_alphabetic() || c == '_');
+                if is_name && !ALLOWED.contains(&word) {
+                    violations.push(format!("{}: `{expression}` reads `{word}`", path.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        found > 0,
+        "no complexity functions found: the scan is broken"
+    );
+    assert!(violations.is_empty(), "{violations:#?}");
 }

@@ -271,7 +271,7 @@ pub async fn run(args: LikeToggleArgs) -> anyhow::Result<()> {
     )?;
     let shape = Shape::of(&args)?;
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(shape.clients as usize + SIGN_UP_CONCURRENCY)
+        .pool_max_idle_per_host(SIGN_UP_CONCURRENCY)
         .tcp_nodelay(true)
         .timeout(REQUEST_TIMEOUT)
         .build()?;

@@ -7,13 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hdrhistogram::Histogram;
+use hyper::header::HeaderValue;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
-use reqwest::Url;
-use reqwest::header::{CONTENT_TYPE, USER_AGENT};
+use reqwest::header::CONTENT_TYPE;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+
+use crate::http1::{Extra, GraphqlConnection};
 
 /// Viewers are 10.x.y.z: at most 2^24 of them.
 pub const MAX_VIEWERS: u32 = 1 << 24;
@@ -37,8 +40,10 @@ pub fn viewer_ip(index: u32) -> Ipv4Addr {
 pub const WARM_UP_VIEWER: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 1);
 
 /// The request body of a view of `article` (a global id), built once per article.
-pub fn record_view_body(article: &str) -> String {
-    serde_json::json!({ "query": RECORD_VIEW, "variables": { "a": article } }).to_string()
+pub fn record_view_body(article: &str) -> Bytes {
+    serde_json::json!({ "query": RECORD_VIEW, "variables": { "a": article } })
+        .to_string()
+        .into()
 }
 
 /// A GraphQL answer as the tool checks it: typed, so that checking costs the load tool little CPU
@@ -112,21 +117,22 @@ struct RecordViewAnswer {
 /// Sends one view and answers whether it was counted; a view count below 1 is refused (every
 /// article has at least its warm-up view).
 pub async fn send_view(
-    http: &reqwest::Client,
-    url: &Url,
-    body: &'static str,
+    connection: &mut GraphqlConnection,
+    body: &Bytes,
     viewer: Ipv4Addr,
 ) -> Result<bool, String> {
-    let request = http
-        .post(url.clone())
-        .header(USER_AGENT, BROWSER_USER_AGENT)
-        .header("x-forwarded-for", viewer.to_string())
-        .body(body);
-    answer(request, "recordView", |data: RecordViewData| {
+    let extra = Extra {
+        forwarded_for: Some(
+            HeaderValue::from_str(&viewer.to_string()).expect("an address is a valid header"),
+        ),
+        user_agent: Some(&HeaderValue::from_static(BROWSER_USER_AGENT)),
+        ..Extra::default()
+    };
+    let (status, answer) = connection.post(body.clone(), extra).await?;
+    judge(status, &answer, "recordView", |data: RecordViewData| {
         let view = data.record_view;
         (view.view_count >= 1).then_some(view.counted)
     })
-    .await
 }
 
 /// What one load client sends: each call sends one request and answers whether it did the
@@ -138,10 +144,9 @@ pub trait Sender: Send + 'static {
 
 /// `recordView` of a random article by a random viewer.
 pub struct ViewSender {
-    pub http: reqwest::Client,
-    pub url: Url,
-    /// One body per article, kept for the whole run so requests borrow rather than copy.
-    pub bodies: &'static [String],
+    pub connection: GraphqlConnection,
+    /// One body per article, shared by every request that sends it.
+    pub bodies: Arc<[Bytes]>,
     pub viewers: u32,
 }
 
@@ -149,7 +154,7 @@ impl Sender for ViewSender {
     async fn send(&mut self, rng: &mut StdRng) -> Result<bool, String> {
         let body = &self.bodies[rng.random_range(0..self.bodies.len())];
         let viewer = viewer_ip(rng.random_range(0..self.viewers));
-        send_view(&self.http, &self.url, body, viewer).await
+        send_view(&mut self.connection, body, viewer).await
     }
 }
 

@@ -1,14 +1,18 @@
 //! `record-view`: start a server, seed it, warm it, load it, check the counts, measure the ceiling.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
+use bytes::Bytes;
 use rand::distr::{Alphanumeric, SampleString as _};
 use serde_json::{Value, json};
 
 use crate::RecordViewArgs;
 use crate::ceiling::{self, Ceiling, CeilingPlan, Script};
+use crate::http1::GraphqlConnection;
 use crate::load::{self, LoadPlan, LoadResult, Stop, ViewSender, WARM_UP_VIEWER};
 use crate::proc_stats::{Cost, CostMeter};
 use crate::redis_util;
@@ -100,7 +104,7 @@ struct Measured {
 pub async fn run(args: RecordViewArgs) -> anyhow::Result<()> {
     let shape = Shape::of(&args)?;
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(shape.clients as usize + SEED_CONCURRENCY)
+        .pool_max_idle_per_host(SEED_CONCURRENCY)
         .tcp_nodelay(true)
         .timeout(REQUEST_TIMEOUT)
         .build()?;
@@ -174,24 +178,17 @@ async fn drive(
 
     eprintln!("seeding {} articles ...", shape.articles);
     let ids = seed(http, &graphql_url, shape.articles).await?;
-    // Kept for the whole run: the load borrows the bodies instead of copying one per request.
-    let bodies: &'static [String] = ids
-        .iter()
-        .map(|id| load::record_view_body(id))
-        .collect::<Vec<_>>()
-        .leak();
+    let bodies: Arc<[Bytes]> = ids.iter().map(|id| load::record_view_body(id)).collect();
 
     eprintln!("warming up ...");
-    let warm_up_counted = warm_up(http, &graphql_url, bodies).await?;
+    let warm_up_counted = warm_up(server.addr, &bodies).await?;
 
     let meter = CostMeter::start(server.pid(), redis).await?;
     eprintln!("load: {} ...", shape.describe());
-    let url: reqwest::Url = graphql_url.parse()?;
     let senders = (0..shape.clients)
         .map(|_| ViewSender {
-            http: http.clone(),
-            url: url.clone(),
-            bodies,
+            connection: GraphqlConnection::new(server.addr),
+            bodies: bodies.clone(),
             viewers: shape.viewers,
         })
         .collect();
@@ -312,26 +309,24 @@ pub(crate) async fn seed(
 
 /// Views every article once from a viewer outside the measured set, so that the load never pays
 /// the first view's SQL read. Returns how many counted (all of them, on a fresh prefix).
-async fn warm_up(
-    http: &reqwest::Client,
-    url: &str,
-    bodies: &'static [String],
-) -> anyhow::Result<u64> {
-    let limit = Arc::new(tokio::sync::Semaphore::new(SEED_CONCURRENCY));
+async fn warm_up(addr: SocketAddr, bodies: &Arc<[Bytes]>) -> anyhow::Result<u64> {
+    let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
-    let url: reqwest::Url = url.parse()?;
-    for body in bodies {
-        let (http, url, limit) = (http.clone(), url.clone(), limit.clone());
+    for _ in 0..SEED_CONCURRENCY {
+        let (bodies, next) = (bodies.clone(), next.clone());
         tasks.spawn(async move {
-            let _permit = limit.acquire_owned().await?;
-            load::send_view(&http, &url, body, WARM_UP_VIEWER)
-                .await
-                .map_err(|err| anyhow::anyhow!("warm-up view: {err}"))
+            let mut connection = GraphqlConnection::new(addr);
+            let mut counted = 0;
+            while let Some(body) = bodies.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let view = load::send_view(&mut connection, body, WARM_UP_VIEWER).await;
+                counted += u64::from(view.map_err(|err| anyhow::anyhow!("warm-up view: {err}"))?);
+            }
+            anyhow::Ok(counted)
         });
     }
     let mut counted = 0;
     while let Some(joined) = tasks.join_next().await {
-        counted += u64::from(joined??);
+        counted += joined??;
     }
     Ok(counted)
 }

@@ -5,10 +5,11 @@
 //! `pulse-bench like-toggle`). For a document it has already accepted, almost all of that verdict
 //! is a property of the text alone. Two parts of it read the variables' values as well: the check
 //! that each value fits its argument's type, and the complexity, whose page sizes come from `Int`
-//! arguments. So a verdict is reused only when the variables cannot change it: every variable the
-//! operation declares is an `ID` or a `String` (never an `Int`, so no page size, and never a
-//! `Boolean`, so no `@skip`), and the value sent for each is a string, or is left out or null
-//! where the type allows. Any other request is validated in full, as before.
+//! arguments (every complexity function reads only `first`; `tests/layering.rs` keeps it so). So a
+//! verdict is reused only when the variables cannot change it: every variable the operation
+//! declares is an `ID` or a `String` (never an `Int`, so no page size, and never a `Boolean`, so no
+//! `@skip`), and the value sent for each is a string, or is left out or null where the type allows.
+//! Any other request is validated in full, as before.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
