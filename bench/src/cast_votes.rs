@@ -11,16 +11,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
+use bytes::Bytes;
+use hyper::header::HeaderValue;
 use rand::Rng as _;
 use rand::rngs::StdRng;
-use reqwest::Url;
-use reqwest::header::AUTHORIZATION;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::CastVotesArgs;
 use crate::ceiling::{self, CeilingPlan, Script};
 use crate::database::BenchDatabase;
+use crate::http1::{Extra, GraphqlConnection};
 use crate::load::{self, LoadPlan, Sender, Stop};
 use crate::record_view::graphql;
 use crate::report::{print_table, thousands};
@@ -151,26 +152,24 @@ struct BallotAnswer {
 
 /// One ballot by a random user for a random option; it must be accepted.
 struct VoteSender {
-    http: reqwest::Client,
-    url: Url,
-    bodies: Arc<Vec<String>>,
-    authorizations: Arc<Vec<String>>,
+    connection: GraphqlConnection,
+    bodies: Arc<[Bytes]>,
+    authorizations: Arc<[HeaderValue]>,
 }
 
 impl Sender for VoteSender {
     async fn send(&mut self, rng: &mut StdRng) -> Result<bool, String> {
         let body = &self.bodies[rng.random_range(0..self.bodies.len())];
         let user = &self.authorizations[rng.random_range(0..self.authorizations.len())];
-        let request = self
-            .http
-            .post(self.url.clone())
-            .header(AUTHORIZATION, user)
-            .body(body.clone());
-        load::answer(request, "castVotes", |data: CastData| {
+        let extra = Extra {
+            authorization: Some(user),
+            ..Extra::default()
+        };
+        let (status, answer) = self.connection.post(body.clone(), extra).await?;
+        load::judge(status, &answer, "castVotes", |data: CastData| {
             let result = data.cast_votes.results.first()?;
             result.accepted.then_some(true)
         })
-        .await
     }
 }
 
@@ -194,7 +193,7 @@ pub async fn run(args: CastVotesArgs) -> anyhow::Result<()> {
         Stop::After(args.load.duration)
     };
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(clients as usize + SIGN_UP_CONCURRENCY)
+        .pool_max_idle_per_host(SIGN_UP_CONCURRENCY)
         .tcp_nodelay(true)
         .timeout(REQUEST_TIMEOUT)
         .build()?;
@@ -224,18 +223,23 @@ pub async fn run(args: CastVotesArgs) -> anyhow::Result<()> {
         let url = server.url("/graphql");
         eprintln!("signing up {users} voters ...");
         let tokens = sign_up_many(&http, &url, users).await?;
-        let bodies: Vec<String> = options
+        let bodies: Arc<[Bytes]> = options
             .iter()
-            .map(|option| json!({ "query": CAST, "variables": { "p": poll, "o": option } }).to_string())
+            .map(|option| {
+                json!({ "query": CAST, "variables": { "p": poll, "o": option } })
+                    .to_string()
+                    .into()
+            })
             .collect();
-        let authorizations: Vec<String> = tokens.iter().map(|t| format!("Bearer {t}")).collect();
-        let (bodies, authorizations) = (Arc::new(bodies), Arc::new(authorizations));
+        let authorizations: Arc<[HeaderValue]> = tokens
+            .iter()
+            .map(|token| HeaderValue::from_str(&format!("Bearer {token}")))
+            .collect::<Result<_, _>>()?;
         eprintln!("casting votes: {clients} clients ...");
         let result = load::run(
             (0..clients)
                 .map(|_| VoteSender {
-                    http: http.clone(),
-                    url: url.parse().expect("the server's URL parses"),
+                    connection: GraphqlConnection::new(server.addr),
                     bodies: bodies.clone(),
                     authorizations: authorizations.clone(),
                 })
