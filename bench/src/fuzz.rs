@@ -39,6 +39,8 @@ use generate::Known;
 /// An answer slower than this is a failure: a sign of work without bound.
 pub const SLOW: Duration = Duration::from_secs(10);
 const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(500);
+/// Below the server's default `PULSE_HTTP_HEADER_TIMEOUT` (10 s), by a wide margin.
+const IDLE_CONNECTION_LIFETIME: Duration = Duration::from_secs(4);
 const EXIT_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// How often `/metrics` is scraped, as Prometheus would, to see the cost of what the labels hold.
 const SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
@@ -74,6 +76,19 @@ impl Answer {
 
 /// Failure kinds of a connection that broke while a case was in flight.
 const LOST_CONNECTION: &[&str] = &["no answer", "ws abrupt close (1006)"];
+
+/// A transport error with every cause under it: reqwest's own message ("error sending request")
+/// does not say whether the server reset the connection, closed it, or sent something malformed.
+fn causes(err: &reqwest::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
 
 /// Checks an HTTP answer's status and body.
 pub fn check_http_body(status: u16, body: &[u8], answer: &mut Answer) {
@@ -142,11 +157,11 @@ async fn send(case: &Case, target: &Target) -> Answer {
                     return answer;
                 }
                 Err(err) if err.is_connect() => {
-                    answer.fail("no connection", format!("{err:#}"));
+                    answer.fail("no connection", causes(&err));
                     return answer;
                 }
                 Err(err) => {
-                    answer.fail("no answer", format!("{err:#}"));
+                    answer.fail("no answer", causes(&err));
                     return answer;
                 }
             };
@@ -156,7 +171,10 @@ async fn send(case: &Case, target: &Target) -> Answer {
                 Err(err) if err.is_timeout() => {
                     answer.fail("slow", format!("the body did not arrive within {SLOW:?}"))
                 }
-                Err(err) => answer.fail("no answer", format!("status {status}, body: {err:#}")),
+                Err(err) => answer.fail(
+                    "no answer",
+                    format!("status {status}, body: {}", causes(&err)),
+                ),
             }
         }
         Entry::Ws(session) => {
@@ -248,6 +266,10 @@ pub async fn run(args: FuzzArgs) -> anyhow::Result<()> {
     }
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency as usize + 2)
+        // The server closes a keep-alive connection idle for its header timeout (10 s by default).
+        // A client reusing one at that moment sends into a closing socket and gets no answer, as
+        // any client could; dropping idle connections well before keeps that race out of the run.
+        .pool_idle_timeout(IDLE_CONNECTION_LIFETIME)
         .timeout(SLOW)
         .build()?;
     let (_target, mut redis) = redis_util::connect(&args.redis_url).await?;
@@ -638,7 +660,7 @@ async fn scrape_metrics(target: &Target, shared: &Shared, duration: Duration) {
             Err(err) if err.is_timeout() => {
                 shared.fail("slow", format!("/metrics did not answer within {SLOW:?}"))
             }
-            Err(err) => shared.fail("no answer", format!("/metrics: {err:#}")),
+            Err(err) => shared.fail("no answer", format!("/metrics: {}", causes(&err))),
         }
     }
 }
