@@ -196,7 +196,7 @@ pub struct DocumentGuard {
 /// A document that passed the guard, with what its validation may be reused for.
 struct GuardedDocument {
     document: Arc<ExecutableDocument>,
-    validation: Arc<Validation>,
+    validation: Validation,
 }
 
 impl DocumentGuard {
@@ -242,7 +242,7 @@ impl DocumentGuard {
         guard::check_expansion(&document, self.max_expanded).map_err(refused)?;
         order::add_type_probes(&self.types, &mut document);
         let document = Arc::new(GuardedDocument {
-            validation: Arc::new(Validation::of(&document)),
+            validation: Validation::of(&document),
             document: Arc::new(document),
         });
         self.keep(&request.query, &document);
@@ -366,8 +366,8 @@ struct RequestStages {
     guard: DocumentGuard,
     /// The document and operation name of this request, for putting its answers in order.
     executed: Arc<Mutex<Option<Executed>>>,
-    /// The document's validation, when this request's variables cannot change its verdict.
-    reusable_validation: Mutex<Option<Arc<Validation>>>,
+    /// The request's document, when its variables cannot change the document's validation verdict.
+    reusable_validation: Mutex<Option<Arc<GuardedDocument>>>,
 }
 
 #[async_trait::async_trait]
@@ -410,7 +410,7 @@ impl Extension for RequestStages {
             *self
                 .reusable_validation
                 .lock()
-                .expect("validation lock poisoned") = Some(guarded.validation.clone());
+                .expect("validation lock poisoned") = Some(guarded.clone());
         }
         request.set_parsed_query(ExecutableDocument::clone(&document));
         *self.executed.lock().expect("document lock poisoned") =
@@ -428,15 +428,15 @@ impl Extension for RequestStages {
             .lock()
             .expect("validation lock poisoned")
             .take();
-        let Some(validation) = reusable else {
+        let Some(guarded) = reusable else {
             return self.limits.check(next.run(ctx).await?);
         };
-        if let Some(accepted) = validation.accepted() {
+        if let Some(accepted) = guarded.validation.accepted() {
             self.guard.validations.count_skip();
             return self.limits.check(accepted);
         }
         let measured = next.run(ctx).await?;
-        validation.accept(measured);
+        guarded.validation.accept(measured);
         self.limits.check(measured)
     }
 
