@@ -16,6 +16,9 @@
 //! - `cast-votes`: HTTP `castVotes` throughput and latency on a poll with 5 periods, HLLs and 3
 //!   rules, next to a `redis-benchmark` ceiling of the vote script; checked for exact counts.
 //! - `leaderboard-read`: the top 10 with standings at a fixed rate; p50/p99 latency.
+//! - `subscribers`: N websocket subscribers of a live leaderboard under a vote stream, and N
+//!   followers under a publish stream: server memory per idle subscriber, change-to-client latency
+//!   over every (client, change) pair, server CPU per 1,000 messages; `--knee` steps N up.
 
 mod cast_votes;
 mod ceiling;
@@ -34,11 +37,12 @@ mod record_view;
 mod redis_util;
 mod report;
 mod server;
+mod subscribers;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -82,6 +86,59 @@ enum Command {
     /// Publish as authors with 10 to 100,000 followers (a tenth active): publish latency per size
     /// and the fan-out's inbox writes per second, checked for exact write counts.
     PublishFanout(PublishFanoutArgs),
+    /// Hold N websocket subscribers of one live leaderboard under a vote stream, and N followers'
+    /// feeds under a publish stream: server RSS per idle subscriber, change-to-client latency over
+    /// every (client, change) pair, server CPU per 1,000 messages; `--knee` steps N up.
+    Subscribers(SubscribersArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SubscribersArgs {
+    /// The pulse binary to start (`<server-bin> serve`).
+    #[arg(long, default_value = "target/release/pulse")]
+    pub server_bin: PathBuf,
+    /// Websocket clients, one subscription each (limited by RLIMIT_NOFILE's hard limit).
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub subscribers: u32,
+    /// Which live path: a leaderboard under votes, followers' feeds under publishes, or both (two
+    /// servers, two tables).
+    #[arg(long, value_enum, default_value_t = SubscribersMode::Both)]
+    pub mode: SubscribersMode,
+    /// Votes per second during the leaderboard's load, cast one after another.
+    #[arg(long, default_value_t = 20.0)]
+    pub votes_per_sec: f64,
+    /// Articles per second the followed author publishes during the feed's load.
+    #[arg(long, default_value_t = 2.0)]
+    pub publish_per_sec: f64,
+    /// How long votes or publishes are sent.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// How long every subscriber sits idle before the server's memory is read.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub idle: Duration,
+    /// Highest rate at which subscribers connect.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub connect_per_sec: u32,
+    /// The poll's options, every one of them within the top 10 shown.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub options: u32,
+    /// Make the feed's author a celebrity (followers merge its articles at read time and listen on
+    /// one author channel) instead of an author whose articles are fanned out to each follower.
+    #[arg(long)]
+    pub celebrity: bool,
+    /// Step the subscriber count up (1,000, 2,000, 5,000, 10,000, 20,000, …, capped by the
+    /// descriptor limit), a fresh server each, until the p99 passes 1 s; print the table.
+    #[arg(long)]
+    pub knee: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SubscribersMode {
+    Leaderboard,
+    Feed,
+    Both,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -292,6 +349,7 @@ fn main() -> anyhow::Result<()> {
             Command::LeaderboardRead(args) => leaderboard_read::run(args).await,
             Command::FeedRead(args) => feed_read::run(args).await,
             Command::PublishFanout(args) => publish_fanout::run(args).await,
+            Command::Subscribers(args) => subscribers::run(args).await,
         }
     })
 }
