@@ -61,6 +61,11 @@ const READY_GRACE: Duration = Duration::from_secs(60);
 const WARM_UP_WAIT: Duration = Duration::from_secs(2);
 /// How long every client may take to show the last change after the load stops.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long no message may arrive before the subscribers count as idle: the feed's warm-up items
+/// can still be on their way to some clients when the last one is ready.
+const QUIET: Duration = Duration::from_secs(1);
+/// The longest wait for that quiet.
+const QUIET_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the tool checks whether the clients have caught up.
 const PROGRESS_POLL: Duration = Duration::from_millis(5);
 const CLIENT_READ_BUFFER: usize = 4 * 1024;
@@ -802,6 +807,16 @@ async fn measure(
         );
     }
 
+    let quiet_by = Instant::now() + QUIET_TIMEOUT;
+    let quiet = QUIET.as_micros() as u64;
+    if !wait_until(&shared, quiet_by, || {
+        shared.now_us() - shared.last_message.load(Ordering::Relaxed) >= quiet
+    })
+    .await
+    {
+        shared.stop_clients(&mut tasks).await;
+        bail!("the subscribers still received messages {QUIET_TIMEOUT:?} after they were ready");
+    }
     eprintln!("idle for {idle:?} ...");
     let ticks = clock_ticks_per_second();
     let idle_ticks = cpu_ticks(&pid)?;
@@ -994,6 +1009,8 @@ struct Shared {
     delivered: AtomicU64,
     /// `next` messages received.
     messages: AtomicU64,
+    /// When the last `next` message arrived, in µs since `epoch`.
+    last_message: AtomicU64,
     subscribed: AtomicU32,
     ready: AtomicU32,
     duplicates: AtomicU64,
@@ -1024,6 +1041,7 @@ impl Shared {
                 .collect(),
             delivered: AtomicU64::new(0),
             messages: AtomicU64::new(0),
+            last_message: AtomicU64::new(0),
             subscribed: AtomicU32::new(0),
             ready: AtomicU32::new(0),
             duplicates: AtomicU64::new(0),
@@ -1214,6 +1232,7 @@ impl Client<'_> {
         }
         self.shared.messages.fetch_add(1, Ordering::Relaxed);
         let now = self.shared.now_us();
+        self.shared.last_message.fetch_max(now, Ordering::Relaxed);
         match self.watch {
             Watch::Board { entries } => {
                 let (votes, found) = score_sum(text)
