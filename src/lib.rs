@@ -17,6 +17,7 @@ pub mod graphql;
 pub mod http;
 pub mod jobs;
 pub mod likes;
+pub mod ownership;
 pub mod pagination;
 pub mod realtime;
 pub mod redis;

@@ -19,6 +19,7 @@ mod likes_comments;
 mod likes_reads;
 mod limits;
 mod ops;
+mod ownership;
 mod persisted;
 mod private_redis;
 mod rollback;
