@@ -382,6 +382,12 @@ impl LikeShardKeys<'_> {
     pub fn featured_lease(&self, article: i64) -> String {
         format!("{}:{article}", self.key("featured-lease"))
     }
+
+    /// String held for a moment after the likes archive refreshed `article`'s featured list, so
+    /// that it refreshes the list at most once in that moment.
+    pub fn featured_archived(&self, article: i64) -> String {
+        format!("{}:{article}", self.key("featured-archived"))
+    }
 }
 
 #[cfg(test)]

@@ -145,6 +145,7 @@ pub async fn drain(app: &TestApp) {
     let archiver = LikeArchiver::new(
         app.state.db.clone(),
         app.state.redis.clone(),
+        app.state.services.featured.clone(),
         app.config.like_relation_ttl,
         app.config.timezone,
     );

@@ -30,5 +30,6 @@ mod views;
 mod votes;
 mod votes_limits;
 mod votes_live;
+mod votes_periods;
 mod votes_reads;
 mod votes_rebuild;
