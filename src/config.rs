@@ -345,7 +345,7 @@ pub struct Config {
 
     /// How long an unread inbox lives; every read restarts it. An expired inbox is rebuilt on the
     /// next read, and only users with an inbox get fan-out writes.
-    #[arg(long, global = true, env = "PULSE_FEED_INBOX_TTL", default_value = "7days", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, env = "PULSE_FEED_INBOX_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
     pub feed_inbox_ttl: Duration,
 
     /// Most followers per fan-out job: a publish is split by feed shard into chunks of at most this

@@ -1,5 +1,5 @@
-//! Pulse: a GraphQL engagement API. ARCHITECTURE.md holds the module map, the data flow and the
-//! layering; the design principles (DESIGN.md) live in the project's shared docs, not in this repo.
+//! Pulse: a GraphQL engagement API. ARCHITECTURE.md holds the principles, the module map, the data
+//! flow and the layering.
 
 pub mod accounts;
 pub mod actor;

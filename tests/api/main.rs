@@ -22,6 +22,7 @@ mod ops;
 mod ownership;
 mod persisted;
 mod private_redis;
+mod readme;
 mod rollback;
 mod sql_input;
 mod subscriptions;
