@@ -61,8 +61,10 @@ impl DatabaseIdentity {
         };
         database_identity::Entity::insert(fresh)
             .on_conflict(
+                // `do_nothing_on`, not `do_nothing`: MySQL has no `ON CONFLICT DO NOTHING`, and
+                // this spelling becomes `ON DUPLICATE KEY UPDATE id = id` there.
                 OnConflict::column(database_identity::Column::Id)
-                    .do_nothing()
+                    .do_nothing_on([database_identity::Column::Id])
                     .to_owned(),
             )
             .exec_without_returning(db)

@@ -37,6 +37,19 @@ async fn snapshot(app_redis: &pulse::redis::Redis, prefix: &str) -> BTreeMap<Str
     dumped
 }
 
+/// Deletes `keys`, as a Redis that lost them would have.
+async fn delete(redis: &pulse::redis::Redis, keys: Vec<String>) {
+    if keys.is_empty() {
+        return;
+    }
+    let mut conn = redis.conn.clone();
+    redis::cmd("DEL")
+        .arg(keys)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+}
+
 /// Leaves data of every kind under the app's prefix: an account, an article, a view, a like and
 /// its archive's stream.
 async fn use_it(app: &TestApp) -> String {
@@ -170,25 +183,17 @@ async fn a_prefix_that_lost_its_owner_key_or_all_its_keys_is_claimed_again_by_it
     use_it(&app).await;
     let (config, redis) = (app.config.clone(), app.state.redis.clone());
     app.stop().await.unwrap();
-    let mut conn = redis.conn.clone();
 
     // Redis came back older than the claim: the keys stayed, the owner key did not.
-    redis::cmd("DEL")
-        .arg(redis.keys.owner())
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    delete(&redis, vec![redis.keys.owner()]).await;
     let app = TestApp::start(config.clone()).await;
     app.stop().await.unwrap();
 
     // Redis restarted empty.
     let everything = snapshot(&redis, &prefix_of(&config)).await;
-    redis::cmd("DEL")
-        .arg(everything.keys().collect::<Vec<_>>())
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    delete(&redis, everything.into_keys().collect()).await;
     let app = TestApp::start(config).await;
+    let mut conn = redis.conn.clone();
     let owner: Option<String> = redis::cmd("GET")
         .arg(redis.keys.owner())
         .query_async(&mut conn)
@@ -208,12 +213,7 @@ async fn a_database_that_owned_another_prefix_takes_an_ownerless_one_only_when_i
     use_it(&owner).await;
     let (prefix, redis) = (prefix_of(&owner.config), owner.state.redis.clone());
     owner.stop().await.unwrap();
-    let mut conn = redis.conn.clone();
-    redis::cmd("DEL")
-        .arg(redis.keys.owner())
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    delete(&redis, vec![redis.keys.owner()]).await;
     let before = snapshot(&redis, &prefix).await;
 
     let moved = Config {
@@ -227,11 +227,7 @@ async fn a_database_that_owned_another_prefix_takes_an_ownerless_one_only_when_i
     assert!(refusal.contains("records no owner"), "{refusal}");
     assert_eq!(snapshot(&redis, &prefix).await, before);
 
-    redis::cmd("DEL")
-        .arg(before.keys().collect::<Vec<_>>())
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    delete(&redis, before.into_keys().collect()).await;
     TestApp::start(moved).await.stop().await.unwrap();
 }
 
@@ -301,15 +297,8 @@ async fn dev_servers_of_two_data_dirs_on_the_probed_redis_keep_their_data_apart(
     }
     assert_eq!(stored, [1, 0]);
 
-    let mut conn = redis.conn.clone();
     for prefix in prefixes {
-        let keys: Vec<String> = snapshot(&redis, &prefix).await.into_keys().collect();
-        if !keys.is_empty() {
-            redis::cmd("DEL")
-                .arg(keys)
-                .query_async::<()>(&mut conn)
-                .await
-                .unwrap();
-        }
+        let keys = snapshot(&redis, &prefix).await.into_keys().collect();
+        delete(&redis, keys).await;
     }
 }
