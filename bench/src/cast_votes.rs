@@ -134,20 +134,21 @@ async fn sign_up_many(
     Ok(tokens)
 }
 
+/// What the tool reads of a `castVotes` answer (`subscribers` reads it too).
 #[derive(Deserialize)]
-struct CastData {
+pub(crate) struct CastData {
     #[serde(rename = "castVotes")]
-    cast_votes: CastAnswer,
+    pub cast_votes: CastAnswer,
 }
 
 #[derive(Deserialize)]
-struct CastAnswer {
-    results: Vec<BallotAnswer>,
+pub(crate) struct CastAnswer {
+    pub results: Vec<BallotAnswer>,
 }
 
 #[derive(Deserialize)]
-struct BallotAnswer {
-    accepted: bool,
+pub(crate) struct BallotAnswer {
+    pub accepted: bool,
 }
 
 /// One ballot by a random user for a random option; it must be accepted.

@@ -33,7 +33,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 
-use crate::cast_votes::admin_poll;
+use crate::cast_votes::{CastData, admin_poll};
 use crate::database::BenchDatabase;
 use crate::feed_read::{FeedFixture, metric};
 use crate::http1::{Extra, GraphqlConnection};
@@ -853,6 +853,7 @@ async fn measure(
     let load_at_end = load_average();
     let machine_cores = machine_cores(machine_at_start, machine_ticks()?);
     let messages = shared.messages.load(Ordering::Relaxed) - messages_before;
+    let pairs_seen = shared.delivered.load(Ordering::Relaxed);
     let server_work = match part {
         Part::Leaderboard => snapshot_reads(http, server).await?,
         Part::Feed => metric(http, server, "pulse_feed_announcements_total").await?,
@@ -875,7 +876,7 @@ async fn measure(
         idle_server_cpu,
         open_websockets,
         rate,
-        pairs_seen: shared.delivered.load(Ordering::Relaxed),
+        pairs_seen,
         pairs_expected: expected,
         sent,
         latency,
@@ -1481,22 +1482,6 @@ impl Sender for ChangeSender {
         sent_at.store(self.shared.now_us(), Ordering::Relaxed);
         self.post(body, what).await.map(|()| true)
     }
-}
-
-#[derive(Deserialize)]
-struct CastData {
-    #[serde(rename = "castVotes")]
-    cast_votes: CastAnswer,
-}
-
-#[derive(Deserialize)]
-struct CastAnswer {
-    results: Vec<BallotAnswer>,
-}
-
-#[derive(Deserialize)]
-struct BallotAnswer {
-    accepted: bool,
 }
 
 #[derive(Deserialize)]
