@@ -20,6 +20,7 @@ pub mod likes;
 pub mod pagination;
 pub mod realtime;
 pub mod redis;
+pub mod seed_demo;
 pub mod services;
 pub mod telemetry;
 pub mod text;
