@@ -6,12 +6,12 @@ import { after, before, test } from 'node:test';
 
 import {
   assertNoForeign,
-  launchBrowser,
   newContext,
   nextOperation,
-  Pulse,
   screenshot,
   signInThroughUi,
+  startServerAndBrowser,
+  stopServerAndBrowser,
   unique,
   waitFor,
 } from './harness.mjs';
@@ -19,15 +19,8 @@ import {
 let pulse;
 let browser;
 
-before(async () => {
-  pulse = await Pulse.start();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await pulse?.close();
-});
+before(async () => ({ pulse, browser } = await startServerAndBrowser()));
+after(() => stopServerAndBrowser({ pulse, browser }));
 
 const ADMIN = { handle: 'alice', password: 'pulse-demo-password' };
 

@@ -126,6 +126,16 @@ export function unique(prefix) {
   return `${prefix}_${randomBytes(4).toString('hex')}`;
 }
 
+/** A seeded server and a browser for the tests of one file. */
+export async function startServerAndBrowser() {
+  return { pulse: await Pulse.start(), browser: await launchBrowser() };
+}
+
+export async function stopServerAndBrowser({ pulse, browser }) {
+  await browser?.close();
+  await pulse?.close();
+}
+
 export async function launchBrowser() {
   return chromium.launch({
     executablePath: CHROMIUM,

@@ -3,20 +3,13 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { assertNoForeign, launchBrowser, newContext, Pulse, screenshot, unique } from './harness.mjs';
+import { assertNoForeign, newContext, screenshot, startServerAndBrowser, stopServerAndBrowser, unique } from './harness.mjs';
 
 let pulse;
 let browser;
 
-before(async () => {
-  pulse = await Pulse.start();
-  browser = await launchBrowser();
-});
-
-after(async () => {
-  await browser?.close();
-  await pulse?.close();
-});
+before(async () => ({ pulse, browser } = await startServerAndBrowser()));
+after(() => stopServerAndBrowser({ pulse, browser }));
 
 test('a dropped socket shows "reconnecting", then recovers and carries live updates again', async () => {
   const author = await pulse.signUp(unique('author'));

@@ -13,7 +13,7 @@ export const ArticleCardFields = graphql(`
 `);
 
 /** An article's counters, live: at once, then whenever a view, like or comment moves them. */
-export const StatsChanged = graphql(`
+const StatsChanged = graphql(`
   subscription StatsChanged($id: ID!) {
     articleStatsChanged(articleId: $id) { viewCount likeCount commentCount }
   }
@@ -25,17 +25,47 @@ export interface Counts {
   commentCount: number;
 }
 
-/** Counters that follow `articleStatsChanged` for as long as the component is mounted. */
-export function useLiveCounts(articleId: string, initial: Counts) {
+type LiveArticle = ReturnType<typeof useLiveArticle>;
+
+/**
+ * An article's counters and the viewer's like, kept live: `articleStatsChanged` sends them at once
+ * and whenever a view, like or comment moves them; the viewer's own like and view answer at once.
+ */
+export function useLiveArticle(articleId: string, initial: Counts & { viewerHasLiked: boolean }) {
   const [counts, setCounts] = useState<Counts>(initial);
+  const [liked, setLiked] = useState(initial.viewerHasLiked);
   useSubscription(StatsChanged, { id: articleId }, (data) => setCounts(data.articleStatsChanged));
-  return [counts, setCounts] as const;
+  return {
+    articleId,
+    counts,
+    liked,
+    viewed: (viewCount: number) => setCounts((previous) => ({ ...previous, viewCount })),
+    likeChanged: (nowLiked: boolean, likeCount: number) => {
+      setLiked(nowLiked);
+      setCounts((previous) => ({ ...previous, likeCount }));
+    },
+  };
+}
+
+/** Views, comments and likes, with the like button. */
+export function LiveStats({ article }: { article: LiveArticle }) {
+  return (
+    <p class="stats">
+      <span data-testid="view-count">{article.counts.viewCount}</span> views ·{' '}
+      <span data-testid="comment-count">{article.counts.commentCount}</span> comments ·{' '}
+      <LikeButton
+        subjectId={article.articleId}
+        liked={article.liked}
+        count={article.counts.likeCount}
+        onChange={article.likeChanged}
+      />
+    </p>
+  );
 }
 
 export function ArticleCard({ article: data }: { article: FragmentOf<typeof ArticleCardFields> }) {
   const article = readFragment(ArticleCardFields, data);
-  const [counts, setCounts] = useLiveCounts(article.id, article);
-  const [liked, setLiked] = useState(article.viewerHasLiked);
+  const live = useLiveArticle(article.id, article);
   return (
     <article class="article-card" data-testid="article-card" data-title={article.title}>
       <h3>
@@ -44,19 +74,7 @@ export function ArticleCard({ article: data }: { article: FragmentOf<typeof Arti
       <p class="muted">
         by <strong>{article.author.handle}</strong> · {timeAgo(article.createdAt)}
       </p>
-      <p class="stats">
-        <span data-testid="view-count">{counts.viewCount}</span> views ·{' '}
-        <span data-testid="comment-count">{counts.commentCount}</span> comments ·{' '}
-        <LikeButton
-          subjectId={article.id}
-          liked={liked}
-          count={counts.likeCount}
-          onChange={(nowLiked, likeCount) => {
-            setLiked(nowLiked);
-            setCounts((previous) => ({ ...previous, likeCount }));
-          }}
-        />
-      </p>
+      <LiveStats article={live} />
     </article>
   );
 }

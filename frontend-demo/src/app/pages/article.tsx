@@ -1,7 +1,7 @@
 import { useEffect, useState } from 'preact/hooks';
 
 import { type FragmentOf, graphql, readFragment, type ResultOf } from '../../lib/graphql';
-import { useLiveCounts } from '../articleCard';
+import { LiveStats, useLiveArticle } from '../articleCard';
 import { Card, ErrorNotice, FollowButton, LikeButton, Loading, timeAgo } from '../components';
 import { useSession } from '../context';
 import { useMutation, useQuery } from '../hooks';
@@ -65,15 +65,14 @@ type ArticleData = NonNullable<ResultOf<typeof ArticleQuery>['article']>;
 
 function ArticleView({ article }: { article: ArticleData }) {
   const { viewer } = useSession();
-  const [counts, setCounts] = useLiveCounts(article.id, article);
-  const [liked, setLiked] = useState(article.viewerHasLiked);
+  const live = useLiveArticle(article.id, article);
   const [follows, setFollows] = useState(article.author.viewerFollows);
   const [recordView, viewState] = useMutation(RecordView);
 
   // Opening the article is one view; Pulse deduplicates a viewer's repeats within its window.
   useEffect(() => {
     recordView({ id: article.id }).then((data) => {
-      if (data) setCounts((previous) => ({ ...previous, viewCount: data.recordView.viewCount }));
+      if (data) live.viewed(data.recordView.viewCount);
     });
   }, [article.id]);
 
@@ -96,19 +95,7 @@ function ArticleView({ article }: { article: ArticleData }) {
           )}
         </p>
         <p class="body">{article.body}</p>
-        <p class="stats">
-          <span data-testid="view-count">{counts.viewCount}</span> views ·{' '}
-          <span data-testid="comment-count">{counts.commentCount}</span> comments ·{' '}
-          <LikeButton
-            subjectId={article.id}
-            liked={liked}
-            count={counts.likeCount}
-            onChange={(nowLiked, likeCount) => {
-              setLiked(nowLiked);
-              setCounts((previous) => ({ ...previous, likeCount }));
-            }}
-          />
-        </p>
+        <LiveStats article={live} />
         <ErrorNotice error={viewState.error} />
       </article>
       {article.featuredComments.length > 0 && (
