@@ -219,6 +219,14 @@ test('an admin creates a poll that then accepts votes', async () => {
   await page.locator('[data-testid="board-row"][data-option="Soup"] [data-testid="score"]').filter({ hasText: /^3$/ }).waitFor();
   await page.getByRole('radio', { name: 'Real votes' }).check();
   await page.locator('[data-testid="board-row"][data-option="Soup"] [data-testid="score"]').filter({ hasText: /^1$/ }).waitFor();
+
+  // Closed, the poll takes no more votes.
+  await page.getByRole('link', { name: 'Admin' }).click();
+  await page.getByRole('button', { name: `Close ${title}` }).click();
+  await page.getByRole('listitem').filter({ hasText: title }).getByText('closed').waitFor();
+  await page.getByRole('link', { name: title }).click();
+  await page.getByText(/^Closed ·/).waitFor();
+  assert.equal(await soup.getByRole('button', { name: 'Vote for Soup' }).isDisabled(), true);
   assertNoForeign(assert, context);
   await context.close();
 });
