@@ -245,3 +245,12 @@ test('an API error is shown in words, with its code', async () => {
   assertNoForeign(assert, context);
   await context.close();
 });
+
+test('seed-demo gave every page something to show, and a second run adds nothing', async () => {
+  assert.match(pulse.seedOutput, /29 users .* 12 articles, 36 comments, \d+ likes, \d+ views, \d+ follows, a poll with 96 votes/);
+  const count = async () => (await pulse.graphql('{ polls(first: 50) { nodes { id } } user(handle: "maya") { followerCount articles(first: 50) { nodes { id } } } }'));
+  const before = await count();
+  assert.equal(before.user.followerCount, 25);
+  assert.match(pulse.seed(), /the demo data is there already/);
+  assert.deepEqual(await count(), before);
+});

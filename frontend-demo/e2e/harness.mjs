@@ -53,11 +53,16 @@ export class Pulse {
       PULSE_JOB_POLL: '50ms',
     });
     pulse.origin = `http://127.0.0.1:${pulse.port}`;
-    const seeded = spawnSync(PULSE_BIN, ['seed-demo'], { env: pulse.env, encoding: 'utf8' });
-    if (seeded.status !== 0) throw new Error(`pulse seed-demo failed: ${seeded.stderr}`);
-    pulse.seedOutput = seeded.stdout;
+    pulse.seedOutput = pulse.seed();
     await pulse.serve();
     return pulse;
+  }
+
+  /** Runs `pulse seed-demo` on this server's data; returns what it printed. */
+  seed() {
+    const seeded = spawnSync(PULSE_BIN, ['seed-demo'], { env: this.env, encoding: 'utf8' });
+    if (seeded.status !== 0) throw new Error(`pulse seed-demo failed: ${seeded.stderr}`);
+    return seeded.stdout;
   }
 
   async serve() {
