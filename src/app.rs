@@ -20,6 +20,7 @@ use crate::graphql::schema::{self, QueryLimits};
 use crate::graphql::validated::ValidationTally;
 use crate::http::TrustedProxies;
 use crate::http::server::Connections;
+use crate::ownership::{self, DatabaseIdentity};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::redis::embedded::{self, RedisLocation};
@@ -71,8 +72,10 @@ impl Backends {
     pub async fn connect(config: &Config) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
-        let db = crate::db::connect(&config.database_url(), config.sqlite_busy_timeout).await?;
+        let database_url = config.database_url();
+        let db = crate::db::connect(&database_url, config.sqlite_busy_timeout).await?;
         crate::db::migrate(&db).await?;
+        let identity = DatabaseIdentity::load_or_create(&db, &database_url).await?;
         let redis_location = embedded::locate(
             config.redis_url.as_deref(),
             config.redis_probe,
@@ -80,7 +83,23 @@ impl Backends {
             &config.data_dir,
         )
         .await?;
-        let redis = Redis::connect(redis_location.url(), &config.redis_prefix).await?;
+        let prefix = match &config.redis_prefix {
+            Some(prefix) => prefix.clone(),
+            None => identity.default_prefix(&redis_location),
+        };
+        let connected = async {
+            let redis = Redis::connect(redis_location.url(), &prefix).await?;
+            ownership::claim(&db, &redis, &identity, redis_location.url()).await?;
+            anyhow::Ok(redis)
+        }
+        .await;
+        let redis = match connected {
+            Ok(redis) => redis,
+            Err(err) => {
+                Self::leave(redis_location).await;
+                return Err(err);
+            }
+        };
         redis.warn_if_evicting().await;
         Ok(Self {
             db,
@@ -89,11 +108,15 @@ impl Backends {
         })
     }
 
-    /// Leaves the private redis-server, if one is in use, stopping it when this process is its last user.
-    pub async fn close(self) {
-        if let RedisLocation::Private(private) = self.redis_location {
+    async fn leave(redis_location: RedisLocation) {
+        if let RedisLocation::Private(private) = redis_location {
             private.stop().await;
         }
+    }
+
+    /// Leaves the private redis-server, if one is in use, stopping it when this process is its last user.
+    pub async fn close(self) {
+        Self::leave(self.redis_location).await;
     }
 }
 

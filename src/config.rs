@@ -137,14 +137,12 @@ pub struct Config {
     )]
     pub redis_probe: SocketAddr,
 
-    /// Prefix of every Redis key, so several deployments (or tests) can share one Redis.
-    #[arg(
-        long,
-        global = true,
-        env = "PULSE_REDIS_PREFIX",
-        default_value = "pulse:"
-    )]
-    pub redis_prefix: String,
+    /// Prefix of every Redis key, so several deployments (or tests) can share one Redis; one
+    /// database owns a prefix, and a process of another refuses to start on it. Unset: `pulse:`,
+    /// except on the local Redis found at PULSE_REDIS_PROBE, where each database gets its own
+    /// (`pulse:<12 hex digits of its id>:`), so two data dirs never mix their data.
+    #[arg(long, global = true, env = "PULSE_REDIS_PREFIX")]
+    pub redis_prefix: Option<String>,
 
     /// The redis-server binary started when no Redis is configured or reachable.
     #[arg(
@@ -347,7 +345,7 @@ pub struct Config {
 
     /// How long an unread inbox lives; every read restarts it. An expired inbox is rebuilt on the
     /// next read, and only users with an inbox get fan-out writes.
-    #[arg(long, global = true, env = "PULSE_FEED_INBOX_TTL", default_value = "7days", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, env = "PULSE_FEED_INBOX_TTL", default_value = "7d", value_parser = humantime::parse_duration)]
     pub feed_inbox_ttl: Duration,
 
     /// Most followers per fan-out job: a publish is split by feed shard into chunks of at most this
@@ -478,7 +476,8 @@ mod tests {
     fn defaults_match_the_documented_names() {
         let config = Config::defaults();
         assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(config.redis_prefix, "pulse:");
+        assert_eq!(config.redis_prefix, None);
+        assert_eq!(crate::ownership::DEFAULT_PREFIX, "pulse:");
         assert!(config.database_url().starts_with("sqlite://"));
         assert_eq!(config.http_header_timeout, Duration::from_secs(10));
         assert_eq!(config.http_body_timeout, Duration::from_secs(30));

@@ -1,5 +1,5 @@
-//! Pulse: a GraphQL engagement API. ARCHITECTURE.md holds the module map, the data flow and the
-//! layering; the design principles (DESIGN.md) live in the project's shared docs, not in this repo.
+//! Pulse: a GraphQL engagement API. ARCHITECTURE.md holds the principles, the module map, the data
+//! flow and the layering.
 
 pub mod accounts;
 pub mod actor;
@@ -17,6 +17,7 @@ pub mod graphql;
 pub mod http;
 pub mod jobs;
 pub mod likes;
+pub mod ownership;
 pub mod pagination;
 pub mod realtime;
 pub mod redis;

@@ -104,6 +104,17 @@ impl Cursor {
     }
 }
 
+/// `first` checked against a list's largest page, with one wording for every list.
+pub fn page_size(first: i32, max: i32) -> AppResult<usize> {
+    if !(0..=max).contains(&first) {
+        return Err(AppError::bad_input(
+            "first",
+            format!("first is {first}; it must be between 0 and {max}"),
+        ));
+    }
+    Ok(first as usize)
+}
+
 /// A validated `first`/`after` pair for one walk.
 #[derive(Clone, Copy, Debug)]
 pub struct PageRequest<K = ()> {
@@ -114,13 +125,7 @@ pub struct PageRequest<K = ()> {
 
 impl<K: SortKey> PageRequest<K> {
     pub fn parse(walk: Walk, first: Option<i32>, after: Option<&str>) -> AppResult<Self> {
-        let first = first.unwrap_or(DEFAULT_PAGE_SIZE);
-        if !(0..=MAX_PAGE_SIZE).contains(&first) {
-            return Err(AppError::bad_input(
-                "first",
-                format!("first is {first}; it must be between 0 and {MAX_PAGE_SIZE}"),
-            ));
-        }
+        let first = page_size(first.unwrap_or(DEFAULT_PAGE_SIZE), MAX_PAGE_SIZE)?;
         Ok(Self {
             walk,
             first: first as u64,

@@ -176,6 +176,7 @@ impl Services {
                 Arc::new(LikeArchiver::new(
                     db.clone(),
                     redis.clone(),
+                    services.featured.clone(),
                     config.like_relation_ttl,
                     config.timezone,
                 )),

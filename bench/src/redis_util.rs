@@ -145,7 +145,7 @@ pub async fn prefix_in_use(conn: &mut Link, prefix: &str) -> anyhow::Result<bool
 /// An unused prefix exactly as long as the server's default one (`pulse:`), so that keys measured
 /// for memory are as long as production's.
 pub async fn fresh_prefix(conn: &mut Link) -> anyhow::Result<String> {
-    let len = pulse::Config::defaults().redis_prefix.len();
+    let len = pulse::ownership::DEFAULT_PREFIX.len();
     let hex = len.saturating_sub(2).max(4);
     for _ in 0..10 {
         let prefix = format!("b{}:", crate::random_hex(hex));

@@ -11,6 +11,7 @@ mod m20261123_000006_comments_and_likes;
 mod m20261125_000007_polls_and_votes;
 mod m20261125_000010_follows_and_feed;
 mod m20261125_000013_trusted_documents;
+mod m20261212_000020_database_identity;
 
 pub struct Migrator;
 
@@ -27,6 +28,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261125_000007_polls_and_votes::Migration),
             Box::new(m20261125_000010_follows_and_feed::Migration),
             Box::new(m20261125_000013_trusted_documents::Migration),
+            Box::new(m20261212_000020_database_identity::Migration),
         ]
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod articles;
 pub mod comments;
+pub mod database_identity;
 pub mod feed_publications;
 pub mod follow_counts;
 pub mod follows;

@@ -300,6 +300,63 @@ fn check_transport(request: &Request, document: &ExecutableDocument) -> ServerRe
     }
 }
 
+/// A variable the operation declares non-null that the request leaves out (with no default) or
+/// sends as null. The spec refuses such a request before it runs, naming the variable; async-graphql
+/// runs it, and the first field reading the variable fails with "Variable id is not defined",
+/// which misleads about a variable the document does declare.
+fn unprovided_variable(document: &ExecutableDocument, request: &Request) -> Option<ServerError> {
+    let operation = order::operation(document, request.operation_name.as_deref())?;
+    operation
+        .node
+        .variable_definitions
+        .iter()
+        .find_map(|definition| {
+            let variable = &definition.node;
+            let value = request.variables.get(&variable.name.node);
+            let message = match value {
+                _ if variable.var_type.node.nullable => return None,
+                None if variable.default_value.is_some() => return None,
+                None => "was not provided",
+                Some(async_graphql::Value::Null) => "must not be null",
+                Some(_) => return None,
+            };
+            let mut error = whole_request(AppError::BadUserInput {
+                message: format!(
+                    "Variable \"${}\" of required type \"{}\" {message}.",
+                    variable.name.node, variable.var_type.node
+                ),
+                field: None,
+            });
+            error.locations = vec![definition.pos];
+            Some(error)
+        })
+}
+
+impl RequestStages {
+    /// async-graphql's validation, or the verdict a cached document keeps, within the limits.
+    async fn validate(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        next: NextValidation<'_>,
+    ) -> Result<ValidationResult, Vec<ServerError>> {
+        let reusable = self
+            .reusable_validation
+            .lock()
+            .expect("validation lock poisoned")
+            .take();
+        let Some(guarded) = reusable else {
+            return self.limits.check(next.run(ctx).await?);
+        };
+        if let Some(accepted) = guarded.validation.accepted() {
+            self.guard.validations.count_skip();
+            return self.limits.check(accepted);
+        }
+        let measured = next.run(ctx).await?;
+        guarded.validation.accept(measured);
+        self.limits.check(measured)
+    }
+}
+
 /// The depth and complexity limits, checked on what validation measured so that a refusal names
 /// the value it found and the limit it broke (async-graphql's own checks say only "too complex").
 #[derive(Clone, Copy)]
@@ -354,6 +411,7 @@ impl ExtensionFactory for RequestPipeline {
             guard: self.guard.clone(),
             executed: Arc::default(),
             reusable_validation: Mutex::new(None),
+            unprovided: Mutex::new(None),
         })
     }
 }
@@ -368,6 +426,8 @@ struct RequestStages {
     executed: Arc<Mutex<Option<Executed>>>,
     /// The request's document, when its variables cannot change the document's validation verdict.
     reusable_validation: Mutex<Option<Arc<GuardedDocument>>>,
+    /// A required variable the request did not provide, reported once the document validated.
+    unprovided: Mutex<Option<ServerError>>,
 }
 
 #[async_trait::async_trait]
@@ -403,6 +463,8 @@ impl Extension for RequestStages {
         let guarded = self.guard.document(&mut request)?;
         let document = guarded.document.clone();
         check_transport(&request, &document)?;
+        *self.unprovided.lock().expect("variables lock poisoned") =
+            unprovided_variable(&document, &request);
         if guarded
             .validation
             .reusable_for(request.operation_name.as_deref(), &request.variables)
@@ -423,21 +485,17 @@ impl Extension for RequestStages {
         ctx: &ExtensionContext<'_>,
         next: NextValidation<'_>,
     ) -> Result<ValidationResult, Vec<ServerError>> {
-        let reusable = self
-            .reusable_validation
+        let measured = self.validate(ctx, next).await?;
+        // Variables are coerced after the document validates, as the spec orders it.
+        match self
+            .unprovided
             .lock()
-            .expect("validation lock poisoned")
-            .take();
-        let Some(guarded) = reusable else {
-            return self.limits.check(next.run(ctx).await?);
-        };
-        if let Some(accepted) = guarded.validation.accepted() {
-            self.guard.validations.count_skip();
-            return self.limits.check(accepted);
+            .expect("variables lock poisoned")
+            .take()
+        {
+            Some(unprovided) => Err(vec![unprovided]),
+            None => Ok(measured),
         }
-        let measured = next.run(ctx).await?;
-        guarded.validation.accept(measured);
-        self.limits.check(measured)
     }
 
     async fn execute(

@@ -1,9 +1,20 @@
 //! Global opaque ids: `base64url("Article:42")`. Clients treat them as opaque; the type prefix lets
 //! `node(id:)` resolve any of them and stops an id of one type being used for another.
+//!
+//! Ids are written without padding and read with or without it: a client that builds one by hand
+//! with the browser's `btoa("Article:42")` gets padded base64, and means the same id.
 
 use async_graphql::ID;
 use base64::Engine as _;
+use base64::alphabet;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+
+/// Reads URL-safe base64 with or without its padding.
+const ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::URL_SAFE,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
 
 pub use super::node::NodeType;
 use crate::error::{AppError, AppResult};
@@ -18,9 +29,7 @@ pub fn decode_any(id: &ID, field: &'static str) -> AppResult<(NodeType, i64)> {
     if id.len() > 64 {
         return Err(malformed());
     }
-    let bytes = URL_SAFE_NO_PAD
-        .decode(id.as_bytes())
-        .map_err(|_| malformed())?;
+    let bytes = ANY_PADDING.decode(id.as_bytes()).map_err(|_| malformed())?;
     let text = std::str::from_utf8(&bytes).map_err(|_| malformed())?;
     let (name, raw) = text.split_once(':').ok_or_else(malformed)?;
     let node_type = NodeType::from_name(name).ok_or_else(malformed)?;
@@ -73,6 +82,28 @@ mod tests {
         let article = encode(NodeType::Article, 7);
         let err = decode(&article, NodeType::User, "userId").unwrap_err();
         assert_eq!(err.to_string(), "not a User id");
+    }
+
+    #[test]
+    fn padded_and_unpadded_base64_name_the_same_id() {
+        // btoa("Article:10"). Type names and digits encode alike in both alphabets (no `+` or
+        // `/`), so padding is the only difference a hand-built id has.
+        let padded = ID("QXJ0aWNsZToxMA==".into());
+        assert_eq!(decode(&padded, NodeType::Article, "id").unwrap(), 10);
+        for row in [1, 10, 255, 4_000_000_000] {
+            let standard =
+                base64::engine::general_purpose::STANDARD.encode(format!("Article:{row}"));
+            let id = ID(standard.clone());
+            assert_eq!(
+                decode(&id, NodeType::Article, "id").unwrap(),
+                row,
+                "{standard}"
+            );
+            assert_eq!(
+                decode(&encode(NodeType::Article, row), NodeType::Article, "id").unwrap(),
+                row
+            );
+        }
     }
 
     #[test]

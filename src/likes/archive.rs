@@ -32,9 +32,10 @@ use sea_orm::{
     QueryFilter, QuerySelect, TransactionTrait,
 };
 
+use super::featured::FeaturedComments;
 use super::service::SqlCount;
 use super::{Subject, counts};
-use crate::entities::{like_archive_shards, like_events, likes};
+use crate::entities::{comments, like_archive_shards, like_events, likes};
 use crate::jobs::{Entry, Job, JobSpec};
 use crate::redis::Redis;
 use crate::redis::keys::{LIKE_SHARDS, LikeShardKeys, like_field};
@@ -118,20 +119,31 @@ struct Committed {
     relations: HashMap<(i64, Subject), Relation>,
     archived: usize,
     unchanged: usize,
+    /// The articles whose comments' like counts the batch changed, whose featured comments may
+    /// have changed with them.
+    featured_changed: Vec<i64>,
 }
 
 pub struct LikeArchiver {
     db: DatabaseConnection,
     redis: Redis,
+    featured: FeaturedComments,
     relation_ttl: Duration,
     zone: Tz,
 }
 
 impl LikeArchiver {
-    pub fn new(db: DatabaseConnection, redis: Redis, relation_ttl: Duration, zone: Tz) -> Self {
+    pub fn new(
+        db: DatabaseConnection,
+        redis: Redis,
+        featured: FeaturedComments,
+        relation_ttl: Duration,
+        zone: Tz,
+    ) -> Self {
         Self {
             db,
             redis,
+            featured,
             relation_ttl,
             zone,
         }
@@ -246,12 +258,14 @@ impl LikeArchiver {
                 .exec_without_returning(&txn)
                 .await?;
         }
+        let featured_changed = articles_of_comments(&txn, &deltas).await?;
         txn.commit().await?;
         Ok(Committed {
             counts,
             relations,
             archived: fresh.len(),
             unchanged: fresh.iter().filter(|(_, changed)| !changed).count(),
+            featured_changed,
         })
     }
 
@@ -348,8 +362,44 @@ impl Job for LikeArchiver {
                 "like events that change nothing in SQL: Redis had lost state SQL holds"
             );
         }
-        self.settle(shard, &events, &committed).await
+        self.settle(shard, &events, &committed).await?;
+        // The batch is archived and settled whatever happens here: a list left stale is
+        // refreshed when its lease lapses.
+        if let Err(err) = self
+            .featured
+            .refresh_after_archive(&committed.featured_changed)
+            .await
+        {
+            tracing::warn!(shard, error = %err, "cannot refresh featured comments after archiving");
+        }
+        Ok(())
     }
+}
+
+/// The articles of the comments whose like count `deltas` changed.
+async fn articles_of_comments(
+    txn: &DatabaseTransaction,
+    deltas: &HashMap<Subject, i64>,
+) -> anyhow::Result<Vec<i64>> {
+    let changed: Vec<i64> = deltas
+        .iter()
+        .filter_map(|(subject, delta)| match subject {
+            Subject::Comment(id) if *delta != 0 => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let mut articles = HashSet::new();
+    for chunk in changed.chunks(CHUNK) {
+        let rows: Vec<i64> = comments::Entity::find()
+            .select_only()
+            .column(comments::Column::ArticleId)
+            .filter(comments::Column::Id.is_in(chunk.iter().copied()))
+            .into_tuple()
+            .all(txn)
+            .await?;
+        articles.extend(rows);
+    }
+    Ok(articles.into_iter().collect())
 }
 
 /// The ids among `events` that `like_events` already holds.

@@ -8,6 +8,10 @@
 //! them refreshes it in the background. A cold article (no list) is filled once: in each process
 //! concurrent readers share one attempt, and across processes the lease holder computes while the
 //! others wait for its list.
+//!
+//! The likes archive refreshes the lists of the articles whose comments' counts it changed, right
+//! after its commit, so that a like shows in the list once it is in SQL rather than a refresh
+//! interval later (see [`FeaturedComments::refresh_after_archive`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +32,9 @@ const RECOMPUTE_LEASE: Duration = Duration::from_secs(10);
 const LIST_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How often a reader of a cold article checks for the list another process is computing.
 const COLD_POLL: Duration = Duration::from_millis(20);
+/// The archive recomputes an article's list at most once per this interval: comments of a popular
+/// article are liked in every batch of every shard, and each recompute reads all its comments.
+const ARCHIVE_REFRESH_SPACING: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct FeaturedComments {
@@ -114,6 +121,52 @@ impl FeaturedComments {
             .query_async(&mut conn)
             .await?;
         Ok((list, leased.is_some()))
+    }
+
+    /// After the likes archive committed changes to the like counts of `articles`' comments:
+    /// recomputes the lists of those that have one (or are computing one), so a reader sees the
+    /// change as soon as SQL has it. The lease is taken over, not waited for, so that a recompute
+    /// that read SQL before the commit can no longer store what it read. Within
+    /// [`ARCHIVE_REFRESH_SPACING`] of the last such recompute, the lease is cut to that spacing
+    /// instead, and the next reader after it refreshes the list.
+    #[tracing::instrument(skip_all, fields(articles = articles.len()))]
+    pub async fn refresh_after_archive(&self, articles: &[i64]) -> AppResult<()> {
+        let spacing = ARCHIVE_REFRESH_SPACING.as_millis() as u64;
+        for &article in articles {
+            let shard = self.redis.keys.like_shard(Subject::Article(article));
+            let mut conn = self.redis.conn.clone();
+            let (cached, first): (u32, Option<String>) = redis::pipe()
+                .exists(&[shard.featured(article), shard.featured_lease(article)])
+                .cmd("SET")
+                .arg(shard.featured_archived(article))
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(spacing)
+                .query_async(&mut conn)
+                .await?;
+            if cached == 0 {
+                continue;
+            }
+            if first.is_none() {
+                let _: () = redis::cmd("PEXPIRE")
+                    .arg(shard.featured_lease(article))
+                    .arg(spacing)
+                    .query_async(&mut conn)
+                    .await?;
+                continue;
+            }
+            let token = format!("{:032x}", rand::random::<u128>());
+            let _: () = redis::cmd("SET")
+                .arg(shard.featured_lease(article))
+                .arg(&token)
+                .arg("PX")
+                .arg(RECOMPUTE_LEASE.as_millis() as u64)
+                .query_async(&mut conn)
+                .await?;
+            self.recompute(article, &token).await?;
+        }
+        Ok(())
     }
 
     /// Polls for the list until it appears, or the lease is gone (its holder died: `None`).

@@ -13,7 +13,7 @@ use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{Connected, connection};
 use crate::graphql::{actor, loaders, services};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, page_size};
 
 pub struct Comment(pub comments::Model);
 
@@ -156,19 +156,8 @@ pub async fn featured_comments(
     article: i64,
     first: Option<i32>,
 ) -> async_graphql::Result<Vec<Comment>> {
-    let first = first.unwrap_or(3);
-    if !(0..=MAX_FEATURED as i32).contains(&first) {
-        return Err(AppError::bad_input(
-            "first",
-            format!("first must be between 0 and {MAX_FEATURED}"),
-        ))
-        .gql();
-    }
-    let ids = services(ctx)
-        .featured
-        .get(article, first as usize)
-        .await
-        .gql()?;
+    let first = page_size(first.unwrap_or(3), MAX_FEATURED as i32).gql()?;
+    let ids = services(ctx).featured.get(article, first).await.gql()?;
     let mut found = loaders(ctx)
         .get::<CommentLoader>()
         .load_many(ids.iter().copied())

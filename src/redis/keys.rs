@@ -39,6 +39,17 @@ impl Keys {
         }
     }
 
+    /// String: which database owns the prefix (see `src/ownership.rs`). One key, so one slot on a
+    /// cluster; no hash tag, since no script touches it.
+    pub fn owner(&self) -> String {
+        format!("{}owner", self.prefix)
+    }
+
+    /// A `SCAN MATCH` pattern for every key under the prefix.
+    pub fn everything_pattern(&self) -> String {
+        format!("{}*", escape_glob(&self.prefix))
+    }
+
     /// Fixed-window counter of sign-in/sign-up attempts from one client address.
     pub fn auth_attempts(&self, client: IpAddr) -> String {
         format!("{}ratelimit:auth:{{ip:{client}}}", self.prefix)
@@ -370,6 +381,12 @@ impl LikeShardKeys<'_> {
     /// recomputes; it expires after the refresh interval.
     pub fn featured_lease(&self, article: i64) -> String {
         format!("{}:{article}", self.key("featured-lease"))
+    }
+
+    /// String held for a moment after the likes archive refreshed `article`'s featured list, so
+    /// that it refreshes the list at most once in that moment.
+    pub fn featured_archived(&self, article: i64) -> String {
+        format!("{}:{article}", self.key("featured-archived"))
     }
 }
 

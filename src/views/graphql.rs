@@ -7,6 +7,7 @@ use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::{actor, loaders, services};
+use crate::pagination::page_size;
 
 /// Most entries a ranking returns.
 const MAX_RANKING_SIZE: i32 = 100;
@@ -134,18 +135,11 @@ impl ViewsQuery {
         #[graphql(default_with = "RankingWindowGql::AllTime")] window: RankingWindowGql,
         #[graphql(default = 10)] first: Option<i32>,
     ) -> async_graphql::Result<Vec<RankedArticle>> {
-        let first = first.unwrap_or(DEFAULT_RANKING_SIZE);
-        if !(0..=MAX_RANKING_SIZE).contains(&first) {
-            return Err(AppError::bad_input(
-                "first",
-                format!("first must be between 0 and {MAX_RANKING_SIZE}"),
-            ))
-            .gql();
-        }
+        let first = page_size(first.unwrap_or(DEFAULT_RANKING_SIZE), MAX_RANKING_SIZE).gql()?;
         let services = services(ctx);
         let ranked = match by {
-            ArticleMetric::Views => services.views.top(window.into(), first as usize).await,
-            ArticleMetric::Likes => services.likes.top(window.into(), first as usize).await,
+            ArticleMetric::Views => services.views.top(window.into(), first).await,
+            ArticleMetric::Likes => services.likes.top(window.into(), first).await,
         }
         .gql()?;
         let mut found = load_articles(ctx, ranked.iter().map(|(article, _)| *article)).await?;

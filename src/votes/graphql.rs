@@ -10,7 +10,7 @@ use super::board::{self, Ranked, TiePolicy};
 use super::config::{NotOpen, OptionConfig, PollConfig};
 use super::live::LiveBoard;
 use super::loader::{BoardLoader, ParticipantsLoader};
-use super::periods::{self, Bucket, Period};
+use super::periods::{self, Bucket, Period, PeriodState};
 use super::rules::{LimitScope, LimitWindow, Rule};
 use super::service::{
     self, Ballot, BallotOutcome, Board, BoardKey, Origin, Participants, Rejection,
@@ -19,10 +19,27 @@ use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::Connected;
 use crate::graphql::{actor, loaders, services};
-use crate::pagination::PageRequest;
+use crate::pagination::{PageRequest, page_size};
 
 /// Most entries one leaderboard page holds.
 const MAX_LEADERBOARD_PAGE: i32 = 100;
+
+/// What a leaderboard's period is, next to now and the poll's life.
+#[derive(Enum, Clone, Copy, PartialEq, Eq)]
+#[graphql(name = "PeriodState", remote = "PeriodState")]
+pub enum PeriodStateGql {
+    /// The period holding now (ALL_TIME always): the live board.
+    Current,
+    /// Ended within `PULSE_VOTE_BUCKET_RETENTION`: the board as the period ended.
+    Past,
+    /// Not begun: only the carry-over credited to it so far.
+    Future,
+    /// Ends before the poll opened to votes (its creation or `startsAt`): every score is 0.
+    BeforePoll,
+    /// Ended longer ago than `PULSE_VOTE_BUCKET_RETENTION`: its board is no longer kept, and the
+    /// leaderboard has no entries.
+    Expired,
+}
 
 #[derive(Enum, Clone, Copy, PartialEq, Eq)]
 #[graphql(name = "Period")]
@@ -391,13 +408,16 @@ impl Poll {
         #[graphql(default_with = "BoardGql::Display")] board: BoardGql,
         #[graphql(default = 10)] first: i32,
         after: Option<String>,
+        around: Option<ID>,
     ) -> async_graphql::Result<Leaderboard> {
         let request = BoardRequest {
             period: period.into(),
             at,
             board: board.into(),
         };
-        leaderboard(ctx, self.0.clone(), request, first, after, None).await
+        let first = page_size(first, MAX_LEADERBOARD_PAGE).gql()?;
+        let around = option_row(around)?;
+        leaderboard(ctx, self.0.clone(), request, first, after, around).await
     }
 }
 
@@ -535,6 +555,7 @@ pub struct Leaderboard {
     poll: Arc<PollConfig>,
     request: BoardRequest,
     bucket: Bucket,
+    state: PeriodState,
     version: i64,
     entries: Vec<Standing>,
     page_info: PageInfo,
@@ -554,6 +575,12 @@ impl Leaderboard {
     /// When the period began (null for ALL_TIME).
     async fn period_start(&self) -> Option<DateTime<Utc>> {
         self.bucket.start()
+    }
+
+    /// Whether the board is the live one, a kept past one, a future one, or a period no vote can
+    /// be in or whose board is no longer kept: what an all-zero or empty board means.
+    async fn period_state(&self) -> PeriodStateGql {
+        self.state.into()
     }
 
     async fn board(&self) -> BoardGql {
@@ -615,6 +642,13 @@ async fn ranked_board(
 
 fn current_bucket(poll: &PollConfig, request: &BoardRequest) -> async_graphql::Result<Bucket> {
     poll.require_period(request.period).gql()?;
+    if request.period == Period::AllTime && request.at.is_some() {
+        return Err(AppError::bad_input(
+            "at",
+            "ALL_TIME is one board for the poll's whole life; leave at out",
+        ))
+        .gql();
+    }
     let at = request.at.unwrap_or_else(Utc::now);
     Ok(periods::bucket(request.period, at, poll.zone))
 }
@@ -646,26 +680,32 @@ async fn leaderboard(
     ctx: &Context<'_>,
     poll: Arc<PollConfig>,
     request: BoardRequest,
-    first: i32,
+    first: usize,
     after: Option<String>,
     around: Option<i64>,
 ) -> async_graphql::Result<Leaderboard> {
-    if !(0..=MAX_LEADERBOARD_PAGE).contains(&first) {
-        return Err(AppError::bad_input(
-            "first",
-            format!("first must be between 0 and {MAX_LEADERBOARD_PAGE}"),
-        ))
-        .gql();
-    }
     let bucket = current_bucket(&poll, &request)?;
-    let ranked = ranked_board(ctx, &poll, request.board, bucket).await?;
-    let window = board::page(&ranked.ranked, first as usize, after.as_deref(), around).gql()?;
-    Ok(page_of(poll, request, ranked, window))
+    let state = services(ctx).votes.period_state(&poll, &bucket);
+    let mut ranked = ranked_board(ctx, &poll, request.board, bucket).await?;
+    if state == PeriodState::Expired {
+        // Its keys are gone: zeros would claim scores nobody knows any more.
+        ranked.ranked.clear();
+    }
+    let window = board::page(&ranked.ranked, first, after.as_deref(), around).gql()?;
+    Ok(page_of(poll, request, state, ranked, window))
+}
+
+fn option_row(around: Option<ID>) -> async_graphql::Result<Option<i64>> {
+    around
+        .map(|id| ids::decode(&id, NodeType::PollOption, "around"))
+        .transpose()
+        .gql()
 }
 
 fn page_of(
     poll: Arc<PollConfig>,
     request: BoardRequest,
+    state: PeriodState,
     ranked: service::RankedBoard,
     window: board::Window,
 ) -> Leaderboard {
@@ -688,6 +728,7 @@ fn page_of(
     Leaderboard {
         total_options: ranked.ranked.len(),
         version: ranked.version,
+        state,
         bucket: ranked.bucket,
         poll,
         request,
@@ -768,7 +809,8 @@ impl VotesQuery {
         Ok(connection)
     }
 
-    /// One board of a poll, best first. `around` centres the page on an option (around-me).
+    /// One board of a poll, best first; null for an unknown poll. `around` centres the page on an
+    /// option (around-me).
     #[allow(clippy::too_many_arguments)]
     async fn leaderboard(
         &self,
@@ -780,18 +822,21 @@ impl VotesQuery {
         #[graphql(default = 10)] first: i32,
         after: Option<String>,
         around: Option<ID>,
-    ) -> async_graphql::Result<Leaderboard> {
-        let poll = require_poll(ctx, &poll_id, "pollId").await?;
-        let around = around
-            .map(|id| ids::decode(&id, NodeType::PollOption, "around"))
-            .transpose()
-            .gql()?;
+    ) -> async_graphql::Result<Option<Leaderboard>> {
+        let poll = ids::decode(&poll_id, NodeType::Poll, "pollId").gql()?;
+        let first = page_size(first, MAX_LEADERBOARD_PAGE).gql()?;
+        let Some(poll) = services(ctx).votes.configs().get(poll).await.gql()? else {
+            return Ok(None);
+        };
+        let around = option_row(around)?;
         let request = BoardRequest {
             period: period.into(),
             at,
             board: board.into(),
         };
-        leaderboard(ctx, poll, request, first, after, around).await
+        leaderboard(ctx, poll, request, first, after, around)
+            .await
+            .map(Some)
     }
 }
 
@@ -1022,13 +1067,7 @@ impl VotesSubscription {
         #[graphql(default_with = "BoardGql::Display")] board: BoardGql,
         #[graphql(default = 10)] first: i32,
     ) -> async_graphql::Result<impl Stream<Item = Leaderboard> + use<>> {
-        if !(0..=MAX_LEADERBOARD_PAGE).contains(&first) {
-            return Err(AppError::bad_input(
-                "first",
-                format!("first must be between 0 and {MAX_LEADERBOARD_PAGE}"),
-            ))
-            .gql();
-        }
+        let first = page_size(first, MAX_LEADERBOARD_PAGE).gql()?;
         let poll = require_poll(ctx, &poll_id, "pollId").await?;
         let request = BoardRequest {
             period: period.into(),
@@ -1042,7 +1081,7 @@ impl VotesSubscription {
             board: request.board,
         };
         let configs = services(ctx).votes.configs().clone();
-        let stream = services(ctx).live_boards.watch(live, first as usize);
+        let stream = services(ctx).live_boards.watch(live, first);
         Ok(stream.then(move |top| {
             let configs = configs.clone();
             let fallback = poll.clone();
@@ -1063,6 +1102,7 @@ impl VotesSubscription {
                 let mut page = page_of(
                     poll,
                     request,
+                    PeriodState::Current,
                     ranked,
                     board::Window {
                         start: 0,

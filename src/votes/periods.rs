@@ -146,6 +146,50 @@ pub fn previous(period: Period, current: &Bucket, zone: Tz) -> Option<Bucket> {
         .map(|start| bucket(period, start - Duration::milliseconds(1), zone))
 }
 
+/// Where a bucket stands for a reader, which tells an all-zero board that is true (nobody could
+/// vote then) from one that is not known any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeriodState {
+    /// The bucket holding now; ALL_TIME's one bucket always.
+    Current,
+    /// Ended within the retention: the board as the period ended.
+    Past,
+    /// Not begun: only the carry-over credited to it so far.
+    Future,
+    /// Ends before the poll opened to votes (its creation or its start): every score is 0.
+    BeforePoll,
+    /// Ended longer ago than the retention: its board is no longer kept.
+    Expired,
+}
+
+/// The state of `bucket` at `now`, for a poll open to votes from `opened`, whose past boards are
+/// kept for `retention` after their period ends (the same instant their keys expire).
+pub fn state(
+    bucket: &Bucket,
+    now: DateTime<Utc>,
+    opened: DateTime<Utc>,
+    retention: std::time::Duration,
+) -> PeriodState {
+    let Some((start, end)) = bucket.span else {
+        return PeriodState::Current;
+    };
+    let retention = Duration::from_std(retention).unwrap_or(Duration::MAX);
+    if end <= opened {
+        PeriodState::BeforePoll
+    } else if now < start {
+        PeriodState::Future
+    } else if now < end {
+        PeriodState::Current
+    } else if end
+        .checked_add_signed(retention)
+        .is_some_and(|kept| now >= kept)
+    {
+        PeriodState::Expired
+    } else {
+        PeriodState::Past
+    }
+}
+
 fn next_day(day: NaiveDate) -> NaiveDate {
     day.succ_opt()
         .expect("dates this far out are refused earlier")
@@ -249,6 +293,25 @@ mod tests {
         assert_eq!(all.id, "all");
         assert!(next(Period::AllTime, &all, PARIS).is_none());
         assert!(previous(Period::AllTime, &all, PARIS).is_none());
+    }
+
+    #[test]
+    fn a_bucket_is_before_the_poll_past_expired_current_or_future() {
+        let day = |at: &str| bucket(Period::Day, utc(at), chrono_tz::UTC);
+        let now = utc("2026-11-25T12:00:00Z");
+        let opened = utc("2026-11-10T08:00:00Z");
+        let kept = std::time::Duration::from_secs(7 * 24 * 3600);
+        let state_of = |at: &str| state(&day(at), now, opened, kept);
+        assert_eq!(state_of("2026-11-09T23:00:00Z"), PeriodState::BeforePoll);
+        // The day the poll opened ended after it did: votes could be in it, and it is kept 7 days.
+        assert_eq!(state_of("2026-11-10T01:00:00Z"), PeriodState::Expired);
+        assert_eq!(state_of("2026-11-17T12:00:00Z"), PeriodState::Expired);
+        assert_eq!(state_of("2026-11-18T00:00:00Z"), PeriodState::Past);
+        assert_eq!(state_of("2026-11-24T23:59:59Z"), PeriodState::Past);
+        assert_eq!(state_of("2026-11-25T00:00:00Z"), PeriodState::Current);
+        assert_eq!(state_of("2026-11-26T00:00:00Z"), PeriodState::Future);
+        let all = bucket(Period::AllTime, now, chrono_tz::UTC);
+        assert_eq!(state(&all, now, opened, kept), PeriodState::Current);
     }
 
     #[test]

@@ -184,6 +184,15 @@ impl VoteService {
         &self.configs
     }
 
+    /// Where `bucket` of `poll` stands now: current, past, future, before the poll opened, or
+    /// past the retention of its board.
+    pub fn period_state(&self, poll: &PollConfig, bucket: &Bucket) -> periods::PeriodState {
+        let opened = poll
+            .starts_at
+            .map_or(poll.created_at, |start| start.max(poll.created_at));
+        periods::state(bucket, Utc::now(), opened, self.retention)
+    }
+
     pub fn redis_keys(&self) -> crate::redis::Keys {
         self.redis.keys.clone()
     }

@@ -359,3 +359,30 @@ async fn a_cursor_from_another_list_is_bad_input() {
         "one author's list is the walk `User.articles` pages: {same_walk}"
     );
 }
+
+#[tokio::test]
+async fn an_id_in_padded_base64_names_the_same_article_as_the_unpadded_one() {
+    use base64::Engine as _;
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("padder").await;
+    // Ten articles, so the last one's id is `Article:10`: the one `btoa` pads with `==`.
+    let ids = app.publish_many(&token, "padded ", 10).await;
+    let unpadded = ids.last().unwrap().clone();
+    let padded = base64::engine::general_purpose::STANDARD.encode(format!(
+        "Article:{}",
+        crate::helpers::article_row(&unpadded)
+    ));
+    assert!(padded.ends_with('='), "{padded}");
+    let read = "query($id: ID!) { article(id: $id) { id title }
+        node(id: $id) { ... on Article { title } } }";
+    for id in [&unpadded, &padded] {
+        let response = app.graphql(read, json!({ "id": id })).await;
+        assert_eq!(
+            response,
+            json!({ "data": {
+                "article": { "id": unpadded, "title": "padded 9" },
+                "node": { "title": "padded 9" } } }),
+            "{id}"
+        );
+    }
+}

@@ -111,7 +111,10 @@ pub(crate) async fn spawn_server_process(
         .arg("serve")
         .env("DATABASE_URL", config.database_url())
         .env("REDIS_URL", config.redis_url.as_deref().unwrap())
-        .env("PULSE_REDIS_PREFIX", &config.redis_prefix)
+        .env(
+            "PULSE_REDIS_PREFIX",
+            config.redis_prefix.as_deref().unwrap(),
+        )
         .env("PULSE_LISTEN", format!("127.0.0.1:{port}"))
         .env("PULSE_DATA_DIR", &config.data_dir)
         .env(
@@ -166,7 +169,7 @@ async fn batches_in_flight(config: &Config) -> usize {
         .connect()
         .await
         .unwrap();
-    let keys = pulse::redis::Keys::new(config.redis_prefix.clone());
+    let keys = pulse::redis::Keys::new(config.redis_prefix.clone().unwrap());
     let mut in_flight = 0;
     for shard in 0..pulse::redis::keys::VIEW_SHARDS {
         let exists: bool = redis::cmd("EXISTS")

@@ -63,7 +63,10 @@ async fn vacuum_removes_the_keys_of_deleted_users_and_dead_rebuilds_and_nothing_
         .args(["feed", "vacuum"])
         .env("DATABASE_URL", app.config.database_url())
         .env("REDIS_URL", app.config.redis_url.as_deref().unwrap())
-        .env("PULSE_REDIS_PREFIX", &app.config.redis_prefix)
+        .env(
+            "PULSE_REDIS_PREFIX",
+            app.config.redis_prefix.as_deref().unwrap(),
+        )
         .env("PULSE_DATA_DIR", &app.config.data_dir)
         .output()
         .await

@@ -120,7 +120,7 @@ pub async fn test_config(adjust: impl FnOnce(&mut Config)) -> Config {
     let mut config = Config::defaults();
     config.database_url = Some(fresh_database_url(&data_dir).await);
     config.redis_url = Some(redis_url());
-    config.redis_prefix = format!("pulse-test:{}:", unique_suffix());
+    config.redis_prefix = Some(format!("pulse-test:{}:", unique_suffix()));
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.data_dir = data_dir;
     config.token_secret = Some(Secret::new(format!(

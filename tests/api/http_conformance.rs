@@ -135,6 +135,47 @@ async fn the_spec_media_type_answers_requests_that_never_ran_with_400_and_no_dat
 }
 
 #[tokio::test]
+async fn a_required_variable_left_out_or_null_is_named_and_nothing_runs() {
+    let app = TestApp::spawn().await;
+    let query = "query Read($id: ID!, $at: String!, $first: Int = 3, $maybe: String) {
+      article(id: $id) { comments(first: $first, after: $at) { edges { cursor } } }
+      viewer { articles(after: $maybe) { edges { cursor } } } }";
+    let id = pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::Article, 1);
+    for (variables, message, column) in [
+        (
+            json!({ "at": "x" }),
+            "Variable \"$id\" of required type \"ID!\" was not provided.",
+            12,
+        ),
+        // `after` takes a null; the variable's own type does not.
+        (
+            json!({ "id": id, "at": null }),
+            "Variable \"$at\" of required type \"String!\" must not be null.",
+            22,
+        ),
+    ] {
+        let body = json!({ "query": query, "variables": variables });
+        let answer = post(&app, Some(GRAPHQL_RESPONSE), Some("application/json"), body).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+        assert!(answer.body.get("data").is_none(), "{}", answer.body);
+        assert_eq!(answer.body["errors"][0]["message"], message);
+        assert_eq!(code(&answer.body), "BAD_USER_INPUT");
+        assert_eq!(
+            answer.body["errors"][0]["locations"],
+            json!([{ "line": 1, "column": column }])
+        );
+    }
+    // A default and a nullable variable may be left out.
+    let body = json!({ "query": query, "variables": { "id": id, "at": "x" } });
+    let answer = post(&app, Some(GRAPHQL_RESPONSE), Some("application/json"), body).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        answer.body,
+        json!({ "data": { "article": null, "viewer": null } })
+    );
+}
+
+#[tokio::test]
 async fn a_request_that_ran_is_a_200_in_either_type_even_with_field_errors() {
     let app = TestApp::spawn().await;
     // An id that does not decode fails in the resolver, after execution started.

@@ -59,7 +59,7 @@ impl Fixture {
         let config = test_config(|_| {}).await;
         let fixture = Self {
             database_url: config.database_url(),
-            redis_prefix: config.redis_prefix,
+            redis_prefix: config.redis_prefix.unwrap(),
         };
         let db = fixture.db().await;
         for table in [

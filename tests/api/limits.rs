@@ -79,6 +79,30 @@ async fn a_page_over_the_limit_names_the_size_asked_for() {
         response["errors"][0]["message"],
         "first is 500; it must be between 0 and 100"
     );
+    // Every list words it alike, with its own largest page.
+    let poll = pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::Poll, 1).0;
+    let (token, _) = app.sign_up("pager").await;
+    let article = app.publish(&token, "paged").await;
+    for (query, message) in [
+        (
+            "{ topArticles(first: 500) { rank } }".to_owned(),
+            "first is 500; it must be between 0 and 100",
+        ),
+        (
+            format!("{{ leaderboard(pollId: \"{poll}\", first: -1) {{ version }} }}"),
+            "first is -1; it must be between 0 and 100",
+        ),
+        (
+            format!("{{ article(id: \"{article}\") {{ featuredComments(first: 11) {{ id }} }} }}"),
+            "first is 11; it must be between 0 and 10",
+        ),
+    ] {
+        let response = app.graphql(&query, json!({})).await;
+        assert_eq!(
+            response["errors"][0]["message"], message,
+            "{query}: {response}"
+        );
+    }
 }
 
 #[tokio::test]

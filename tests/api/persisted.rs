@@ -162,7 +162,10 @@ async fn documents_command(app: &TestApp, args: &[&str]) -> std::process::Output
         .args(args)
         .env("DATABASE_URL", app.config.database_url())
         .env("REDIS_URL", crate::helpers::redis_url())
-        .env("PULSE_REDIS_PREFIX", &app.config.redis_prefix)
+        .env(
+            "PULSE_REDIS_PREFIX",
+            app.config.redis_prefix.as_deref().unwrap(),
+        )
         .env("PULSE_DATA_DIR", &app.config.data_dir)
         .output()
         .await

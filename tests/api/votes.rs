@@ -109,6 +109,8 @@ pub async fn score(
     board: &str,
     at: DateTime<Utc>,
 ) -> (f64, Value) {
+    // ALL_TIME is one board, which no `at` selects.
+    let at = (period != "ALL_TIME").then_some(at);
     let response = app
         .graphql(
             LEADERBOARD,

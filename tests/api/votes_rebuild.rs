@@ -118,7 +118,10 @@ async fn rebuilding_from_the_vote_log_after_the_polls_keys_are_deleted_reproduce
         .args(["rebuild", "votes"])
         .env("DATABASE_URL", app.config.database_url())
         .env("REDIS_URL", redis_url())
-        .env("PULSE_REDIS_PREFIX", &app.config.redis_prefix)
+        .env(
+            "PULSE_REDIS_PREFIX",
+            app.config.redis_prefix.as_deref().unwrap(),
+        )
         .env("PULSE_DATA_DIR", &app.config.data_dir)
         .output()
         .await
