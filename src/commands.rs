@@ -1,14 +1,10 @@
 //! One-shot commands: `migrate`, `seed-demo`, `rebuild`, `admin`, `jobs`, `documents`.
 
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter};
-
-use crate::accounts::service::{Handle, find_by_handle, insert_user, set_admin};
+use crate::accounts::service::set_admin;
 use crate::app::Backends;
-use crate::articles::service::insert_article;
 use crate::config::{
     AdminAction, Command, Config, DocumentsAction, FeedAction, JobsAction, RebuildTarget,
 };
-use crate::entities::articles;
 
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     let backends = Backends::connect(&config).await?;
@@ -20,7 +16,7 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::SeedDemo => seed_demo(&backends).await,
+        Command::SeedDemo => crate::seed_demo::run(&backends, &config).await,
         Command::Admin { action } => admin(&backends, action).await,
         Command::Jobs { action } => jobs(&backends, action).await,
         Command::Documents { action } => documents(&backends, action).await,
@@ -43,40 +39,6 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     };
     backends.close().await;
     outcome
-}
-
-/// Demo accounts all share this password; they exist to click around in GraphiQL and the demo page.
-pub const DEMO_PASSWORD: &str = "pulse-demo-password";
-const DEMO_HANDLES: [&str; 3] = ["alice", "bob", "carol"];
-
-async fn seed_demo(backends: &Backends) -> anyhow::Result<()> {
-    let db = &backends.db;
-    for (index, handle) in DEMO_HANDLES.iter().enumerate() {
-        let handle = Handle::parse(handle)?;
-        let user = match find_by_handle(db, &handle).await? {
-            Some(user) => user,
-            None => insert_user(db, &handle, DEMO_PASSWORD, index == 0).await?,
-        };
-        let has_articles = articles::Entity::find()
-            .filter(articles::Column::AuthorId.eq(user.id))
-            .one(db)
-            .await?
-            .is_some();
-        if has_articles {
-            continue;
-        }
-        let handle = handle.as_str();
-        for number in 1..=3 {
-            let title = format!("{handle}'s note #{number}");
-            let body = format!("Demo article {number} by {handle}. Open it, like it, share it.");
-            insert_article(db, user.id, &title, &body).await?;
-        }
-    }
-    println!(
-        "demo users {} (password `{DEMO_PASSWORD}`; alice is an admin) with three articles each",
-        DEMO_HANDLES.join(", ")
-    );
-    Ok(())
 }
 
 async fn rebuild_views(backends: &Backends) -> anyhow::Result<()> {

@@ -21,6 +21,7 @@ pub mod ownership;
 pub mod pagination;
 pub mod realtime;
 pub mod redis;
+pub mod seed_demo;
 pub mod services;
 pub mod telemetry;
 pub mod text;

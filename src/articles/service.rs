@@ -50,8 +50,8 @@ fn parse_body(raw: &str) -> AppResult<String> {
     BODY.parse(raw).map(str::to_owned)
 }
 
-/// Validates and stores a new article (without announcing it). Shared by `publishArticle` and the
-/// demo seed.
+/// Validates and stores a new article (without announcing it or recording its feed publication):
+/// `publish` wraps it in a transaction with the publication.
 pub async fn insert_article(
     db: &impl ConnectionTrait,
     author_id: i64,

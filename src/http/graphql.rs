@@ -1,16 +1,16 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use async_graphql::http::GraphiQLSource;
 use async_graphql::{Data, ErrorExtensions};
 use axum::body::Bytes;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{ConnectInfo, Extension, FromRequest, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::assets;
 use super::media::{self, Accepted, MediaType};
 use super::server::ConnectionSlot;
 use super::websocket;
@@ -19,16 +19,6 @@ use crate::app::AppState;
 use crate::error::{AppError, shorten_message};
 use crate::graphql::extensions::HttpMethod;
 use crate::graphql::schema::attach_request_data;
-
-pub async fn graphiql() -> Html<String> {
-    Html(
-        GraphiQLSource::build()
-            .title("Pulse GraphiQL")
-            .endpoint("/graphql")
-            .subscription_endpoint("/graphql/ws")
-            .finish(),
-    )
-}
 
 /// A transport-level failure, in the shape GraphQL clients already parse.
 fn transport_error(status: StatusCode, media: MediaType, error: AppError) -> Response {
@@ -227,7 +217,7 @@ pub async fn get(
     let asks_nothing =
         matches!(&query, Ok(Query(p)) if p.query.is_none() && p.extensions.is_none());
     let media = match accepted {
-        Accepted::Html if asks_nothing => return graphiql().await.into_response(),
+        Accepted::Html if asks_nothing => return assets::graphiql(&headers),
         // A GET URL with a query opened in a browser: the answer is what it asked for.
         Accepted::Html => MediaType::Json,
         Accepted::Graphql(media) => media,

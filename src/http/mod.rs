@@ -1,5 +1,6 @@
 //! HTTP transport: the GraphQL endpoint, GraphiQL, websockets, health and metrics.
 
+mod assets;
 pub mod client_ip;
 mod graphql;
 mod media;
@@ -25,6 +26,8 @@ use crate::app::AppState;
 pub fn router(state: AppState, cors: CorsLayer) -> Router {
     let max_body_bytes = state.max_body_bytes;
     Router::new()
+        .route("/", get(assets::app))
+        .route("/assets/{*path}", get(assets::asset))
         .route("/graphql", get(graphql::get).post(graphql::post))
         .route("/graphql/ws", get(graphql::websocket))
         .route("/healthz", get(ops::healthz))

@@ -87,7 +87,7 @@ pub(crate) async fn bulk_follow(app: &TestApp, followers: &[i64], followee: i64)
     }
 }
 
-/// Publishes `n` articles by `author` straight into SQL, as `seed-demo` does (no fan-out):
+/// Publishes `n` articles by `author` straight into SQL, with no feed publication (no fan-out):
 /// reachable only by pull. Returns their row ids, oldest first.
 pub(crate) async fn stored_articles(app: &TestApp, author: i64, n: usize) -> Vec<i64> {
     let mut ids = Vec::with_capacity(n);

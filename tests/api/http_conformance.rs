@@ -262,7 +262,12 @@ async fn a_browser_without_a_query_gets_graphiql() {
     let page = get(&app, Some(browser), &[]).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.content_type.starts_with("text/html"));
-    assert!(page.body.as_str().unwrap().contains("/graphql/ws"));
+    assert!(
+        page.body
+            .as_str()
+            .unwrap()
+            .contains("<title>Pulse GraphiQL</title>")
+    );
     let with_query = get(&app, Some(browser), &[("query", "{ __typename }")]).await;
     assert_eq!(with_query.body["data"]["__typename"], "Query");
 }

@@ -2,6 +2,7 @@
 
 mod accounts;
 mod articles;
+mod assets;
 mod cluster;
 mod connections;
 mod crash;

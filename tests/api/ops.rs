@@ -55,23 +55,6 @@ async fn invented_operation_names_cannot_grow_the_metrics_without_bound() {
 }
 
 #[tokio::test]
-async fn graphiql_is_served_wired_for_subscriptions() {
-    let app = TestApp::spawn().await;
-    // What a browser's address bar sends; clients asking for JSON get an answer, not a page.
-    let page = app
-        .http
-        .get(app.url("/graphql"))
-        .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.status(), 200);
-    let html = page.text().await.unwrap();
-    assert!(html.contains("graphiql"), "not GraphiQL");
-    assert!(html.contains("/graphql/ws"), "subscriptions are not wired");
-}
-
-#[tokio::test]
 async fn shutdown_lets_in_flight_requests_finish() {
     let app = TestApp::spawn().await;
     let (http, url) = (app.http.clone(), app.url("/graphql"));

@@ -138,34 +138,38 @@ async fn commands_beside_a_running_server_use_its_private_redis_and_start_no_oth
     run_to_success(seed, "seed-demo").await;
     let latest = graphql(port, "{ articles(first: 50) { edges { node { title } } } }").await;
     let titles = latest["data"]["articles"]["edges"].to_string();
-    assert!(titles.contains("alice's note #1"), "{latest}");
+    assert!(titles.contains("Running Pulse on a laptop"), "{latest}");
     assert_eq!(
         redis_servers_in(&redis_dir),
         1,
         "seed-demo started another Redis"
     );
 
-    // A count only SQL knows; rebuilding puts it into the all-time ranking, which the server reads
-    // from its Redis.
+    // A count only SQL knows, far above the seeded views; rebuilding puts it into the all-time
+    // ranking, which the server reads from its Redis.
     let db = Database::connect(&database_url).await.unwrap();
-    db.execute_unprepared("UPDATE articles SET view_count = 42 WHERE title = 'bob''s note #2'")
-        .await
-        .unwrap();
+    db.execute_unprepared(
+        "UPDATE articles SET view_count = 100000 WHERE title = 'Leaderboards that do not lie'",
+    )
+    .await
+    .unwrap();
     db.close().await.unwrap();
     let ranking = "{ topArticles(window: ALL_TIME, first: 1) { score article { title } } }";
-    assert_eq!(
-        graphql(port, ranking).await["data"]["topArticles"],
-        json!([]),
-        "the ranking was not empty before the rebuild"
+    let top = |answer: Value| answer["data"]["topArticles"][0].clone();
+    let before = top(graphql(port, ranking).await);
+    assert!(
+        before["score"].as_f64().unwrap() < 100_000.0,
+        "the ranking knew the SQL count before the rebuild: {before}"
     );
     let mut rebuild = pulse_on(&data_dir, &database_url, &probe);
     rebuild.args(["rebuild", "views"]);
     run_to_success(rebuild, "rebuild views").await;
+    let after = top(graphql(port, ranking).await);
     assert_eq!(
-        graphql(port, ranking).await["data"]["topArticles"],
-        json!([{ "score": 42.0, "article": { "title": "bob's note #2" } }]),
-        "the rebuild did not reach the server's Redis"
+        after["article"]["title"], "Leaderboards that do not lie",
+        "the rebuild did not reach the server's Redis: {after}"
     );
+    assert!(after["score"].as_f64().unwrap() >= 100_000.0, "{after}");
     assert_eq!(
         redis_servers_in(&redis_dir),
         1,

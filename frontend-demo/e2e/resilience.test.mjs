@@ -1,0 +1,97 @@
+// A dropped socket says so and heals, and the app works by keyboard and at phone width. This
+// file restarts its server, so it has one of its own.
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+
+import { assertNoForeign, newContext, screenshot, startServerAndBrowser, stopServerAndBrowser, unique } from './harness.mjs';
+
+let pulse;
+let browser;
+
+before(async () => ({ pulse, browser } = await startServerAndBrowser()));
+after(() => stopServerAndBrowser({ pulse, browser }));
+
+test('a dropped socket shows "reconnecting", then recovers and carries live updates again', async () => {
+  const author = await pulse.signUp(unique('author'));
+  const title = unique('Survives restarts');
+  const published = await pulse.graphql(
+    'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id } }',
+    { t: title },
+    author.token,
+  );
+  const context = await newContext(browser, pulse);
+  const page = await context.newPage();
+  await page.goto(`/#/articles/${encodeURIComponent(published.publishArticle.id)}`);
+  const state = page.getByTestId('socket-state');
+  await state.filter({ hasText: 'Live' }).waitFor();
+
+  await pulse.stop();
+  await state.filter({ hasText: 'Reconnecting…' }).waitFor();
+  await screenshot(page, 'reconnecting');
+  await pulse.serve();
+  await state.filter({ hasText: 'Live' }).waitFor({ timeout: 30_000 });
+
+  // The page's subscription was resumed on the new socket: a like from elsewhere shows up.
+  const fan = await pulse.signUp(unique('fan'));
+  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: published.publishArticle.id }, fan.token);
+  await page.getByTestId('like-count').filter({ hasText: /^1$/ }).waitFor();
+  assertNoForeign(assert, context);
+  await context.close();
+});
+
+test('every page works at phone width (390 px) without sideways scrolling', async () => {
+  const context = await newContext(browser, pulse, { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+  const page = await context.newPage();
+  for (const [route, name] of [
+    ['/', 'articles'],
+    ['/#/feed', 'feed'],
+    ['/#/polls', 'leaderboard'],
+    ['/#/signin', 'sign-in'],
+  ]) {
+    await page.goto(route);
+    await page.getByRole('main').getByRole('heading', { level: 1 }).waitFor();
+    if (route === '/#/polls') await page.getByTestId('board-row').first().waitFor();
+    const width = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(width <= 390, `${route} is ${width} px wide at a 390 px viewport`);
+    await screenshot(page, `phone-${name}`);
+  }
+  assertNoForeign(assert, context);
+  await context.close();
+});
+
+test('the app can be used with the keyboard alone', async () => {
+  const context = await newContext(browser, pulse);
+  const page = await context.newPage();
+  await page.goto('/');
+  await page.getByTestId('article-card').first().waitFor();
+  // The first Tab reaches the skip link, which moves focus to the content.
+  await page.keyboard.press('Tab');
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Skip to content');
+  await page.keyboard.press('Enter');
+  assert.equal(await page.evaluate(() => document.activeElement?.id), 'main');
+
+  // From the top of a fresh load, Tab through the navigation to Leaderboards; Enter opens it.
+  await page.reload();
+  await page.getByTestId('article-card').first().waitFor();
+  for (let presses = 0; presses < 20; presses += 1) {
+    if ((await page.evaluate(() => document.activeElement?.textContent)) === 'Leaderboards') break;
+    await page.keyboard.press('Tab');
+  }
+  assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Leaderboards');
+  await page.keyboard.press('Enter');
+  await page.getByRole('heading', { name: 'Leaderboards' }).waitFor();
+
+  // Every form control has an accessible name.
+  for (const route of ['/#/signin', '/#/polls']) {
+    await page.goto(route);
+    await page.getByRole('main').getByRole('heading', { level: 1 }).waitFor();
+    const unnamed = await page.evaluate(() =>
+      [...document.querySelectorAll('input, select, textarea, button')]
+        .filter((element) => !element.labels?.length && !element.getAttribute('aria-label') && !element.textContent?.trim())
+        .map((element) => element.outerHTML),
+    );
+    assert.deepEqual(unnamed, [], `${route} has controls without a name`);
+  }
+  assertNoForeign(assert, context);
+  await context.close();
+});

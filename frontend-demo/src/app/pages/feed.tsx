@@ -1,0 +1,175 @@
+import { useEffect, useRef, useState } from 'preact/hooks';
+
+import { type FragmentOf, graphql, readFragment } from '../../lib/graphql';
+import { ArticleCard, ArticleCardFields } from '../articleCard';
+import { Card, ErrorNotice, FollowButton, Loading } from '../components';
+import { useSession } from '../context';
+import { useQuery, useSubscription } from '../hooks';
+
+const Feed = graphql(
+  `
+  query Feed($after: String) {
+    feed(first: 10, after: $after) {
+      edges { node { ...ArticleCardFields } }
+      pageInfo { hasNextPage endCursor }
+      regenerating
+    }
+  }
+`,
+  [ArticleCardFields],
+);
+
+const ItemAdded = graphql(
+  `
+  subscription ItemAdded { feedItemAdded { node { ...ArticleCardFields } } }
+`,
+  [ArticleCardFields],
+);
+
+/** Authors of recent articles, to follow from here: the API has no user directory. */
+const Authors = graphql(`
+  query Authors {
+    articles(first: 50) { nodes { author { id handle followerCount viewerFollows } } }
+  }
+`);
+
+type Item = FragmentOf<typeof ArticleCardFields>;
+const idOf = (item: Item) => readFragment(ArticleCardFields, item).id;
+
+export function FeedPage() {
+  const { viewer } = useSession();
+  if (!viewer) {
+    return (
+      <>
+        <h1>Feed</h1>
+        <p>
+          The feed lists the articles of the people you follow. <a href="#/signin">Sign in</a> to see yours.
+        </p>
+      </>
+    );
+  }
+  return <Timeline viewerId={viewer.id} />;
+}
+
+function Timeline({ viewerId }: { viewerId: string }) {
+  const [after, setAfter] = useState<string | null>(null);
+  const page = useQuery(Feed, { after });
+  const [items, setItems] = useState<Item[]>([]);
+  // Items announced live, held back until the reader asks for them so the list does not jump.
+  const [fresh, setFresh] = useState<Item[]>([]);
+  const connection = page.data?.feed;
+
+  useEffect(() => {
+    const nodes = connection?.edges.map((edge) => edge.node);
+    if (nodes) setItems((previous) => unique(after ? [...previous, ...nodes] : nodes));
+  }, [page.data]);
+
+  useSubscription(ItemAdded, {}, (data) => setFresh((previous) => unique([data.feedItemAdded.node, ...previous])));
+
+  const unseen = fresh.filter((item) => !items.some((shown) => idOf(shown) === idOf(item)));
+  const loadMore = () => {
+    if (connection?.pageInfo.hasNextPage && !page.loading) setAfter(connection.pageInfo.endCursor);
+  };
+  const sentinel = useInfiniteScroll(loadMore);
+
+  return (
+    <>
+      <h1>Feed</h1>
+      {unseen.length > 0 && (
+        <button
+          type="button"
+          class="banner"
+          onClick={() => {
+            setItems((previous) => unique([...unseen, ...previous]));
+            setFresh([]);
+            window.scrollTo({ top: 0 });
+          }}
+        >
+          {unseen.length === 1 ? '1 new post' : `${unseen.length} new posts`} — show
+        </button>
+      )}
+      {connection?.regenerating && (
+        <p class="notice" role="status">
+          Welcome back: your timeline is being rebuilt, so this page came straight from the database.
+        </p>
+      )}
+      <ErrorNotice error={page.error} />
+      {items.map((item) => (
+        <ArticleCard key={idOf(item)} article={item} />
+      ))}
+      {page.loading && <Loading what="your feed" />}
+      {!page.loading && items.length === 0 && <p>Nothing here yet: follow someone below.</p>}
+      {connection?.pageInfo.hasNextPage && (
+        <button type="button" ref={sentinel} onClick={loadMore}>
+          Older posts
+        </button>
+      )}
+      {!page.loading && connection && !connection.pageInfo.hasNextPage && items.length > 0 && (
+        <p class="muted">You are all caught up.</p>
+      )}
+      <People
+        viewerId={viewerId}
+        onChange={() => {
+          // The followee's recent articles join the feed by a background job, shortly.
+          setAfter(null);
+          page.refetch();
+        }}
+      />
+    </>
+  );
+}
+
+/** Calls `onVisible` whenever the element it is attached to scrolls into view. */
+function useInfiniteScroll(onVisible: () => void) {
+  const [element, setElement] = useState<HTMLElement | null>(null);
+  const callback = useRef(onVisible);
+  callback.current = onVisible;
+  useEffect(() => {
+    if (!element) return;
+    const observer = new IntersectionObserver((entries) => {
+      if (entries.some((entry) => entry.isIntersecting)) callback.current();
+    });
+    observer.observe(element);
+    return () => observer.disconnect();
+  }, [element]);
+  return setElement;
+}
+
+function unique(items: Item[]): Item[] {
+  const seen = new Set<string>();
+  return items.filter((item) => !seen.has(idOf(item)) && !!seen.add(idOf(item)));
+}
+
+function People({ viewerId, onChange }: { viewerId: string; onChange(): void }) {
+  const authors = useQuery(Authors, {});
+  const [overrides, setOverrides] = useState<Record<string, { following: boolean; followers: number }>>({});
+  const people = new Map<string, { id: string; handle: string; followerCount: number; viewerFollows: boolean }>();
+  for (const node of authors.data?.articles.nodes ?? []) {
+    if (node.author.id !== viewerId) people.set(node.author.id, node.author);
+  }
+  return (
+    <Card label="People">
+      <h2>People</h2>
+      <ErrorNotice error={authors.error} />
+      <ul class="people">
+        {[...people.values()].map((person) => {
+          const state = overrides[person.id] ?? { following: person.viewerFollows, followers: person.followerCount };
+          return (
+            <li key={person.id}>
+              <strong>{person.handle}</strong> <span class="muted">{state.followers} followers</span>{' '}
+              <FollowButton
+                userId={person.id}
+                handle={person.handle}
+                following={state.following}
+                onChange={(following, followers) => {
+                  setOverrides((previous) => ({ ...previous, [person.id]: { following, followers } }));
+                  onChange();
+                }}
+              />
+            </li>
+          );
+        })}
+      </ul>
+    </Card>
+  );
+}
