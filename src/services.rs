@@ -13,7 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounts::{AccountService, TokenSigner};
-use crate::articles::ArticleService;
+use crate::articles::stats::StatsWorkers;
+use crate::articles::{ArticleService, ArticleStatsService};
 use crate::config::Config;
 use crate::documents::DocumentStore;
 use crate::feed::publications::Relay;
@@ -21,7 +22,6 @@ use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
 use crate::jobs::{Job, JobRuntime, JobSettings};
 use crate::likes::featured::FeaturedComments;
-use crate::likes::stats::{ArticleStatsService, StatsWorkers};
 use crate::likes::{CommentService, LikeArchiver, LikeService};
 use crate::realtime::Hub;
 use crate::redis::Redis;

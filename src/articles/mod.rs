@@ -8,5 +8,7 @@
 pub mod graphql;
 pub mod loader;
 pub mod service;
+pub mod stats;
 
 pub use service::ArticleService;
+pub use stats::ArticleStatsService;
