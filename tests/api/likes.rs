@@ -12,7 +12,7 @@ use redis::AsyncCommands as _;
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, article_row, error_code, test_config};
+use crate::helpers::{TestApp, article_row, error_code, eventually, test_config};
 
 pub const LIKE: &str = "mutation($s: ID!) { like(subjectId: $s) { liked likeCount subjectId } }";
 pub const UNLIKE: &str =
@@ -150,18 +150,11 @@ pub async fn drain(app: &TestApp) {
         app.config.timezone,
     );
     let runtime = JobRuntime::new(app.state.redis.clone(), fast_jobs());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually("the likes archive drains", async || {
         runtime.poll_once(&archiver).await.unwrap();
-        if unarchived(app).await == 0 {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the likes archive did not drain"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        unarchived(app).await == 0
+    })
+    .await;
 }
 
 /// An app that runs no job consumer, so the test decides when to archive.
@@ -549,8 +542,10 @@ async fn events_archived_while_sql_was_locked_and_a_worker_was_killed_land_exact
 
     // The worker holds a batch, stuck on the lock; then it dies.
     lock.wait_for_a_waiter().await;
-    let held = held_by_others(&app).await;
-    assert!(held > 0, "the worker took no batch");
+    eventually("the worker holds a batch", async || {
+        held_by_others(&app).await > 0
+    })
+    .await;
     worker.kill().await.unwrap();
     lock.release().await;
 
@@ -587,17 +582,10 @@ async fn events_archived_while_sql_was_locked_and_a_worker_was_killed_land_exact
 
 /// Entries of the likes archive that consumers other than the test's hold.
 async fn held_by_others(app: &TestApp) -> u64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let pending: u64 = jobs::status(&app.state.redis, archive::SPEC)
-            .await
-            .unwrap()
-            .iter()
-            .map(|stream| stream.pending)
-            .sum();
-        if pending > 0 || tokio::time::Instant::now() >= deadline {
-            return pending;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    jobs::status(&app.state.redis, archive::SPEC)
+        .await
+        .unwrap()
+        .iter()
+        .map(|stream| stream.pending)
+        .sum()
 }
