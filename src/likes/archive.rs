@@ -40,7 +40,7 @@ use sea_orm::{
     QueryFilter, QuerySelect, TransactionTrait,
 };
 
-use super::featured::FeaturedComments;
+use super::featured::FeaturedCommentService;
 use super::service::SqlCount;
 use super::{Subject, counts};
 use crate::entities::{comments, like_archive_shards, like_events, likes};
@@ -150,7 +150,7 @@ pub struct Archived {
 pub struct LikeArchiver {
     db: DatabaseConnection,
     redis: Redis,
-    featured: FeaturedComments,
+    featured: FeaturedCommentService,
     relation_ttl: Duration,
     zone: Tz,
 }
@@ -159,7 +159,7 @@ impl LikeArchiver {
     pub fn new(
         db: DatabaseConnection,
         redis: Redis,
-        featured: FeaturedComments,
+        featured: FeaturedCommentService,
         relation_ttl: Duration,
         zone: Tz,
     ) -> Self {
