@@ -8,6 +8,7 @@
 use anyhow::{Context as _, anyhow};
 
 use super::FeedStore;
+use crate::follows::service::{FollowChange, FollowListener};
 use crate::jobs::{Entry, Job, JobSpec};
 
 pub const SPEC: JobSpec = JobSpec {
@@ -19,6 +20,29 @@ pub const SPEC: JobSpec = JobSpec {
 /// The shard of a follower's follow changes: one user's changes stay in order.
 pub fn shard_of(follower: i64) -> u32 {
     follower.rem_euclid(i64::from(SPEC.shards)) as u32
+}
+
+/// The feed's side of a follow or unfollow: queues the job that brings the follower's inbox in
+/// line; the mutation does not wait for it.
+pub struct FollowHook(pub FeedStore);
+
+#[async_trait::async_trait]
+impl FollowListener for FollowHook {
+    /// The graph in SQL changed already; a lost job only leaves an inbox that reads filter
+    /// (unfollow) or that lacks a backfill until it is rebuilt (follow).
+    async fn changed(&self, change: FollowChange) {
+        let (follower, followee) = (change.follower, change.followee);
+        let fields = [
+            ("follower", follower.to_string()),
+            ("followee", followee.to_string()),
+        ];
+        let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        if let Err(err) =
+            crate::jobs::enqueue(&self.0.redis, SPEC, shard_of(follower), &fields).await
+        {
+            tracing::warn!(error = %err, follower, followee, "follow change not queued for the feed");
+        }
+    }
 }
 
 pub struct FollowSync(pub FeedStore);

@@ -6,13 +6,11 @@ use std::time::Duration;
 use futures_util::{Stream, StreamExt as _};
 use singleflight_async::SingleFlight;
 
-use super::{FeedStore, follow_sync};
+use super::FeedStore;
 use crate::accounts::TokenSigner;
 use crate::actor::Actor;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
-use crate::follows::FollowService;
-use crate::follows::service::FollowOutcome;
 use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
 use crate::realtime::Hub;
 
@@ -51,22 +49,15 @@ enum Rebuild {
 #[derive(Clone)]
 pub struct FeedService {
     store: FeedStore,
-    follows: FollowService,
     tokens: Arc<TokenSigner>,
     hub: Hub,
     rebuilds: Arc<SingleFlight<i64, SharedResult<Rebuild>>>,
 }
 
 impl FeedService {
-    pub fn new(
-        store: FeedStore,
-        follows: FollowService,
-        tokens: Arc<TokenSigner>,
-        hub: Hub,
-    ) -> Self {
+    pub fn new(store: FeedStore, tokens: Arc<TokenSigner>, hub: Hub) -> Self {
         Self {
             store,
-            follows,
             tokens,
             hub,
             rebuilds: Arc::default(),
@@ -75,42 +66,6 @@ impl FeedService {
 
     pub fn store(&self) -> &FeedStore {
         &self.store
-    }
-
-    /// Follows `followee` and queues the backfill of their recent articles into the viewer's
-    /// inbox; the mutation does not wait for it.
-    pub async fn follow(&self, actor: &Actor, followee: i64) -> AppResult<FollowOutcome> {
-        let outcome = self.follows.follow(actor, followee).await?;
-        if outcome.changed {
-            self.queue_sync(actor.require_user()?, followee).await;
-        }
-        Ok(outcome)
-    }
-
-    /// Unfollows `followee` and queues the removal of their articles from the viewer's inbox;
-    /// reads filter them out until it ran.
-    pub async fn unfollow(&self, actor: &Actor, followee: i64) -> AppResult<FollowOutcome> {
-        let outcome = self.follows.unfollow(actor, followee).await?;
-        if outcome.changed {
-            self.queue_sync(actor.require_user()?, followee).await;
-        }
-        Ok(outcome)
-    }
-
-    /// The graph in SQL changed already; a lost sync job only leaves an inbox that reads filter
-    /// (unfollow) or that lacks a backfill until it is rebuilt (follow).
-    async fn queue_sync(&self, follower: i64, followee: i64) {
-        let fields = [
-            ("follower", follower.to_string()),
-            ("followee", followee.to_string()),
-        ];
-        let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let shard = follow_sync::shard_of(follower);
-        if let Err(err) =
-            crate::jobs::enqueue(&self.store.redis, follow_sync::SPEC, shard, &fields).await
-        {
-            tracing::warn!(error = %err, follower, followee, "follow change not queued for the feed");
-        }
     }
 
     fn position(&self, viewer: i64, article: i64) -> Position<i64> {
