@@ -276,8 +276,8 @@ impl FeedService {
         let followees = store.followees(viewer).await?;
         // In the audiences before the pull, so what is published meanwhile is either pulled or
         // fanned out into the building key.
-        store.join_audiences(viewer, &followees.all()).await?;
-        let timeline = store.timeline(&followees.fanned_out).await?;
+        let fanned_out = store.join_and_split(viewer, &followees).await?;
+        let timeline = store.timeline(&fanned_out).await?;
         let mut install = store.redis.scripts.feed_rebuild_install.prepare_invoke();
         install
             .key(keys.inbox())

@@ -88,26 +88,31 @@ impl FeedStore {
         Ok(row.is_some())
     }
 
-    /// Everyone `follower` follows: those fanned out to them, and the celebrities (merged at
-    /// read time).
-    pub async fn followees(&self, follower: i64) -> AppResult<Followees> {
+    /// Everyone `follower` follows.
+    pub async fn followees(&self, follower: i64) -> AppResult<Vec<i64>> {
         let query = follows::Entity::find()
             .select_only()
             .column(follows::Column::FolloweeId)
             .filter(follows::Column::FollowerId.eq(follower));
-        let all: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
+        Ok(retry_once(|| query.clone().into_tuple().all(&self.db)).await?)
+    }
+
+    /// Puts `follower` in the audiences of all of `followees`, then returns those not celebrities
+    /// now, whose articles an inbox holds. In that order: an author who falls below the
+    /// threshold after the celebrities are read finds `follower` in their audience, and their
+    /// merge job reaches this inbox (or sends its rebuild back); one who fell before is fanned out.
+    pub async fn join_and_split(&self, follower: i64, followees: &[i64]) -> AppResult<Vec<i64>> {
+        self.join_audiences(follower, followees).await?;
         let celebrities: HashSet<i64> = self
             .followed_celebrities(follower)
             .await?
             .into_iter()
             .collect();
-        let (celebrities, fanned_out) = all
-            .into_iter()
-            .partition(|followee| celebrities.contains(followee));
-        Ok(Followees {
-            fanned_out,
-            celebrities,
-        })
+        Ok(followees
+            .iter()
+            .copied()
+            .filter(|followee| !celebrities.contains(followee))
+            .collect())
     }
 
     /// The celebrities `follower` follows (read-time merge), in one query: a page read asks for
@@ -535,19 +540,6 @@ pub fn add_audience_joins(pipe: &mut redis::Pipeline, keys: &Keys, follower: i64
     for &author in authors {
         pipe.zadd(keys.feed_audience(author, shard), follower, follower)
             .ignore();
-    }
-}
-
-pub struct Followees {
-    pub fanned_out: Vec<i64>,
-    pub celebrities: Vec<i64>,
-}
-
-impl Followees {
-    /// Celebrities included: a reader is in their audiences too, so an author who drops below
-    /// the threshold is fanned out to at once.
-    pub fn all(&self) -> Vec<i64> {
-        [&self.fanned_out[..], &self.celebrities[..]].concat()
     }
 }
 

@@ -124,8 +124,8 @@ pub async fn rebuild(store: &FeedStore) -> AppResult<Rebuilt> {
     for (&user, names) in &keys {
         if names.contains_key("inbox") {
             let followees = store.followees(user).await?;
-            store.join_audiences(user, &followees.all()).await?;
-            let timeline = store.timeline(&followees.fanned_out).await?;
+            let fanned_out = store.join_and_split(user, &followees).await?;
+            let timeline = store.timeline(&fanned_out).await?;
             store.merge(user, &timeline).await?;
             report.readers += 1;
         }
