@@ -17,6 +17,7 @@ use crate::articles::stats::StatsWorkers;
 use crate::articles::{ArticleService, ArticleStatsService};
 use crate::config::Config;
 use crate::documents::DocumentStore;
+use crate::feed::follow_sync::FollowHook;
 use crate::feed::publications::Relay;
 use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
@@ -85,13 +86,9 @@ impl Services {
             FeedStore::new(db.clone(), redis.clone(), FeedSettings::from_config(config));
         let relay = Relay::new(feed_store.clone());
         let articles = ArticleService::new(db.clone(), redis.clone(), hub.clone(), relay.clone());
-        let follows = FollowService::new(db.clone());
-        let feed = FeedService::new(
-            feed_store.clone(),
-            follows.clone(),
-            tokens.clone(),
-            hub.clone(),
-        );
+        let follows =
+            FollowService::new(db.clone()).with_listener(Arc::new(FollowHook(feed_store.clone())));
+        let feed = FeedService::new(feed_store.clone(), tokens.clone(), hub.clone());
         let views = ViewService::new(
             db.clone(),
             redis.clone(),

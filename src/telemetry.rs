@@ -310,6 +310,12 @@ pub const METRICS: &[Metric] = &[
         initial: NO_LABELS,
     },
     Metric {
+        name: "pulse_feed_rebuilds_restarted_total",
+        kind: MetricKind::Counter,
+        help: "Inbox rebuilds started over because a follow or unfollow came during them",
+        initial: NO_LABELS,
+    },
+    Metric {
         name: "pulse_feed_sql_reads_total",
         kind: MetricKind::Counter,
         help: "Feed pages read from SQL (past the cached window, or while an inbox is rebuilt)",

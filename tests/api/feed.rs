@@ -188,7 +188,7 @@ pub(crate) async fn in_inbox(app: &TestApp, user: i64, article: i64) -> bool {
     score.is_some()
 }
 
-async fn follow(app: &TestApp, token: &str, user: i64) -> Value {
+pub(crate) async fn follow(app: &TestApp, token: &str, user: i64) -> Value {
     app.graphql_as(
         Some(token),
         "mutation($u: ID!) { follow(userId: $u) { following user { followerCount viewerFollows } } }",
@@ -197,7 +197,7 @@ async fn follow(app: &TestApp, token: &str, user: i64) -> Value {
     .await
 }
 
-async fn unfollow(app: &TestApp, token: &str, user: i64) -> Value {
+pub(crate) async fn unfollow(app: &TestApp, token: &str, user: i64) -> Value {
     app.graphql_as(
         Some(token),
         "mutation($u: ID!) { unfollow(userId: $u) { following user { followerCount } } }",
