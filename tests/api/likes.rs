@@ -615,40 +615,37 @@ fn entries(shard: u32, ids: Vec<redis::streams::StreamId>, deliveries: u64) -> V
         .collect()
 }
 
-/// The likes archive's new entries on `subject`'s shard, delivered to `consumer` as the runtime
-/// would (pending with it until acknowledged).
-async fn deliver(app: &TestApp, subject: Subject, consumer: &str) -> Vec<jobs::Entry> {
-    let shard = pulse::redis::keys::like_shard_of(subject);
-    let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
+/// The likes archive's new entries, delivered to `consumer` as the runtime would (pending with it
+/// until acknowledged). Every shard is read: the test's own prefix holds only its subject's.
+async fn deliver(app: &TestApp, consumer: &str) -> Vec<jobs::Entry> {
     let mut redis = app.state.redis.conn.clone();
-    let created: redis::RedisResult<()> = redis
-        .xgroup_create_mkstream(&stream, archive::SPEC.name, "0")
-        .await;
-    if let Err(err) = created {
-        assert_eq!(err.code(), Some("BUSYGROUP"), "{err}");
+    let mut delivered = Vec::new();
+    for shard in 0..archive::SPEC.shards {
+        let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
+        let created: redis::RedisResult<()> = redis
+            .xgroup_create_mkstream(&stream, archive::SPEC.name, "0")
+            .await;
+        if let Err(err) = created {
+            assert_eq!(err.code(), Some("BUSYGROUP"), "{err}");
+        }
+        let options =
+            redis::streams::StreamReadOptions::default().group(archive::SPEC.name, consumer);
+        let reply: redis::streams::StreamReadReply = redis
+            .xread_options(&[&stream], &[">"], &options)
+            .await
+            .unwrap();
+        let ids = reply.keys.into_iter().flat_map(|key| key.ids).collect();
+        delivered.extend(entries(shard, ids, 1));
     }
-    let reply: redis::streams::StreamReadReply = redis
-        .xread_options(
-            &[&stream],
-            &[">"],
-            &redis::streams::StreamReadOptions::default().group(archive::SPEC.name, consumer),
-        )
-        .await
-        .unwrap();
-    let ids = reply.keys.into_iter().flat_map(|key| key.ids).collect();
-    entries(shard, ids, 1)
+    delivered
 }
 
-/// `entries` claimed by `consumer`, as the runtime takes over a dead consumer's entries.
-async fn take_over(
-    app: &TestApp,
-    subject: Subject,
-    consumer: &str,
-    entries_held: &[jobs::Entry],
-) -> Vec<jobs::Entry> {
-    let shard = pulse::redis::keys::like_shard_of(subject);
+/// `held` (entries of one shard) claimed by `consumer`, as the runtime takes over a dead
+/// consumer's entries.
+async fn take_over(app: &TestApp, consumer: &str, held: &[jobs::Entry]) -> Vec<jobs::Entry> {
+    let shard = held[0].shard;
     let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
-    let ids: Vec<&str> = entries_held.iter().map(|entry| entry.id.as_str()).collect();
+    let ids: Vec<&str> = held.iter().map(|entry| entry.id.as_str()).collect();
     let mut redis = app.state.redis.conn.clone();
     let claimed: redis::streams::StreamClaimReply = redis
         .xclaim(&stream, archive::SPEC.name, consumer, 0, &ids)
@@ -667,13 +664,13 @@ async fn a_like_taken_over_after_newer_ones_of_its_relation_were_archived_is_lat
 
     set_like(&app, Some(&token), &article, true).await;
     // A consumer takes the like, then dies before archiving it.
-    let held = deliver(&app, subject, "dead").await;
+    let held = deliver(&app, "dead").await;
     assert_eq!(held.len(), 1);
     set_like(&app, Some(&token), &article, false).await;
     set_like(&app, Some(&token), &article, true).await;
 
     // The unlike finds SQL without the like it undoes: the held like explains it.
-    let newer = deliver(&app, subject, "alive").await;
+    let newer = deliver(&app, "alive").await;
     assert_eq!(newer.len(), 2);
     let outcome = archiver.archive(&newer).await.unwrap();
     assert_eq!(
@@ -682,7 +679,7 @@ async fn a_like_taken_over_after_newer_ones_of_its_relation_were_archived_is_lat
         "{outcome:?}"
     );
     // The dead consumer's like, taken over: older than what SQL applied.
-    let taken = take_over(&app, subject, "alive", &held).await;
+    let taken = take_over(&app, "alive", &held).await;
     let outcome = archiver.archive(&taken).await.unwrap();
     assert_eq!(
         (outcome.archived, outcome.late, outcome.lost),
@@ -704,7 +701,7 @@ async fn a_like_that_redis_counted_again_after_losing_the_archived_one_is_lost_s
     let subject = Subject::Article(article_row(&article));
     let archiver = archiver(&app);
     set_like(&app, Some(&token), &article, true).await;
-    let first = deliver(&app, subject, "alive").await;
+    let first = deliver(&app, "alive").await;
     assert_eq!(archiver.archive(&first).await.unwrap().lost, 0);
 
     // Redis comes back not knowing the archived like (as from an older snapshot): it counts the
@@ -724,7 +721,7 @@ async fn a_like_that_redis_counted_again_after_losing_the_archived_one_is_lost_s
         "Redis did not count it again"
     );
 
-    let second = deliver(&app, subject, "alive").await;
+    let second = deliver(&app, "alive").await;
     let outcome = archiver.archive(&second).await.unwrap();
     assert_eq!(
         (outcome.archived, outcome.late, outcome.lost),
