@@ -16,6 +16,7 @@ pub mod follows;
 pub mod graphql;
 pub mod http;
 pub mod jobs;
+pub mod keys;
 pub mod likes;
 pub mod ownership;
 pub mod pagination;

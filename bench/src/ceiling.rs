@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use pulse::actor::Identity;
+use pulse::keys::LikeShardKeys;
 use pulse::likes::Subject;
-use pulse::redis::keys::LikeShardKeys;
 use pulse::redis::{Keys, Scripts};
 use pulse::views::buckets;
 
 use crate::redis_util;
+use pulse::keys::{ArticleKeys, LikeKeys, ViewKeys, VoteKeys};
 
 /// All ceiling calls view or like this article, so every key is in one shard (and one cluster
 /// slot).
@@ -192,13 +193,16 @@ async fn like_set_call(
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<Call> {
     let subject = Subject::Article(ARTICLE);
-    let shard = keys.like_shard(subject);
+    let shard = keys.like_shard(subject.id());
     let sample_user = 7;
-    let relation = randomized(&shard.relation(subject, sample_user), "7")?;
-    let relation_field = randomized(&LikeShardKeys::relation_field(subject, sample_user), "7")?;
+    let relation = randomized(&shard.relation(&subject.field(), sample_user), "7")?;
+    let relation_field = randomized(
+        &LikeShardKeys::relation_field(&subject.field(), sample_user),
+        "7",
+    )?;
     let stream = redis_util::like_archive_stream(keys, shard.shard());
     let sha = load_script(&Scripts::load().like_set, conn, "like_set.lua").await?;
-    let field = pulse::redis::keys::like_field(subject);
+    let field = subject.field();
     Ok(Call {
         sha,
         args: vec![

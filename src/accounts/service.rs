@@ -10,6 +10,7 @@ use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
+use crate::keys::AccountKeys;
 use crate::redis::Redis;
 use crate::text::{Controls, TextRule, Trim};
 

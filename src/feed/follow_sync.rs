@@ -9,6 +9,7 @@ use anyhow::{Context as _, anyhow};
 
 use super::FeedStore;
 use crate::jobs::{Entry, Job, JobSpec};
+use crate::keys::FeedKeys;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "feed-follows",

@@ -13,6 +13,7 @@ use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::follows::FollowService;
 use crate::follows::service::FollowOutcome;
+use crate::keys::FeedKeys;
 use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
 use crate::realtime::Hub;
 

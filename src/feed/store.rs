@@ -11,8 +11,9 @@ use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOr
 use crate::db::retry_once;
 use crate::entities::{articles, follow_counts, follows};
 use crate::error::AppResult;
+use crate::keys::FeedKeys;
+use crate::keys::{FEED_SHARDS, Keys, by_feed_shard, feed_shard};
 use crate::redis::Redis;
-use crate::redis::keys::{FEED_SHARDS, Keys, by_feed_shard, feed_shard};
 
 /// The feed's knobs, from the configuration.
 #[derive(Clone, Debug)]

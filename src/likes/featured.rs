@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use singleflight_async::SingleFlight;
 
-use super::Subject;
 use super::comments::CommentService;
 use crate::error::{AppError, AppResult, SharedResult};
+use crate::keys::LikeKeys;
 use crate::redis::Redis;
 
 /// Longest list kept; `featuredComments(first)` takes at most this many.
@@ -108,7 +108,7 @@ impl FeaturedComments {
 
     /// The list, and whether this call took the lease (when it was free), in one round trip.
     async fn list_and_lease(&self, article: i64, token: &str) -> AppResult<(Option<String>, bool)> {
-        let shard = self.redis.keys.like_shard(Subject::Article(article));
+        let shard = self.redis.keys.like_shard(article);
         let mut conn = self.redis.conn.clone();
         let (list, leased): (Option<String>, Option<String>) = redis::pipe()
             .get(shard.featured(article))
@@ -133,7 +133,7 @@ impl FeaturedComments {
     pub async fn refresh_after_archive(&self, articles: &[i64]) -> AppResult<()> {
         let spacing = ARCHIVE_REFRESH_SPACING.as_millis() as u64;
         for &article in articles {
-            let shard = self.redis.keys.like_shard(Subject::Article(article));
+            let shard = self.redis.keys.like_shard(article);
             let mut conn = self.redis.conn.clone();
             let (cached, first): (u32, Option<String>) = redis::pipe()
                 .exists(&[shard.featured(article), shard.featured_lease(article)])
@@ -171,7 +171,7 @@ impl FeaturedComments {
 
     /// Polls for the list until it appears, or the lease is gone (its holder died: `None`).
     async fn wait_for_list(&self, article: i64) -> AppResult<Option<String>> {
-        let shard = self.redis.keys.like_shard(Subject::Article(article));
+        let shard = self.redis.keys.like_shard(article);
         loop {
             tokio::time::sleep(COLD_POLL).await;
             let mut conn = self.redis.conn.clone();
@@ -194,7 +194,7 @@ impl FeaturedComments {
             .most_liked(article, MAX_FEATURED as u64)
             .await?;
         let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-        let shard = self.redis.keys.like_shard(Subject::Article(article));
+        let shard = self.redis.keys.like_shard(article);
         let mut conn = self.redis.conn.clone();
         let stored: i64 = self
             .redis

@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use super::{LikeService, Subject};
 use crate::articles::ArticleService;
 use crate::error::{AppError, AppResult};
+use crate::keys::ArticleKeys;
 use crate::realtime::{Coalescer, CoalescerConfig, Hub, Snapshot};
 use crate::redis::Keys;
 use crate::views::ViewService;

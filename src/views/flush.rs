@@ -42,8 +42,9 @@ use tokio_util::sync::CancellationToken;
 use super::rebuild::{self, Caches};
 use crate::entities::{articles, view_flush_batches, view_flush_shards};
 use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
+use crate::keys::VIEW_SHARDS;
+use crate::keys::ViewKeys;
 use crate::redis::Redis;
-use crate::redis::keys::VIEW_SHARDS;
 
 /// Most articles one batch takes from a shard; the rest wait for the next round.
 const MAX_BATCH_ARTICLES: usize = 5_000;

@@ -12,8 +12,9 @@ use crate::actor::{Actor, Identity};
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
+use crate::keys::VIEW_SHARDS;
+use crate::keys::{ArticleKeys, ViewKeys};
 use crate::redis::Redis;
-use crate::redis::keys::VIEW_SHARDS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {

@@ -14,6 +14,7 @@ use super::periods::{self, Bucket, Period};
 use super::rules::{self, LimitScope, Rule};
 use crate::actor::Actor;
 use crate::error::{AppError, AppResult};
+use crate::keys::VoteKeys;
 use crate::redis::Redis;
 
 /// Most ballots in one `castVotes` call.
