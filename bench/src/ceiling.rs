@@ -10,7 +10,8 @@ use anyhow::{Context as _, bail};
 use pulse::actor::Identity;
 use pulse::keys::LikeShardKeys;
 use pulse::likes::Subject;
-use pulse::redis::{Keys, Scripts};
+use pulse::redis::Keys;
+use pulse::scripts::SCRIPTS;
 use pulse::views::buckets;
 
 use crate::redis_util;
@@ -153,7 +154,7 @@ async fn record_view_call(
         &shard.seen(ARTICLE, Identity::Address(IpAddr::V4(sample))),
         &sample.to_string(),
     )?;
-    let sha = load_script(&Scripts::load().record_view, conn, "record_view.lua").await?;
+    let sha = load_script(&SCRIPTS.record_view, conn, "record_view.lua").await?;
     // Without a base count the script answers -1 and counts nothing (the server would read SQL).
     let () = redis::cmd("HSET")
         .arg(shard.base())
@@ -201,7 +202,7 @@ async fn like_set_call(
         "7",
     )?;
     let stream = redis_util::like_archive_stream(keys, shard.shard());
-    let sha = load_script(&Scripts::load().like_set, conn, "like_set.lua").await?;
+    let sha = load_script(&SCRIPTS.like_set, conn, "like_set.lua").await?;
     let field = subject.field();
     Ok(Call {
         sha,
@@ -266,7 +267,7 @@ async fn vote_cast_call(
         retention,
         event_prefix: RANDOM,
     });
-    let sha = load_script(&Scripts::load().vote_cast, conn, "vote_cast.lua").await?;
+    let sha = load_script(&SCRIPTS.vote_cast, conn, "vote_cast.lua").await?;
     let mut args = vec![call.keys.len().to_string()];
     args.extend(call.keys);
     args.extend(call.args);

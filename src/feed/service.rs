@@ -16,6 +16,7 @@ use crate::follows::service::FollowOutcome;
 use crate::keys::FeedKeys;
 use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
 use crate::realtime::Hub;
+use crate::scripts::SCRIPTS;
 
 /// The viewer's timeline, newest first. Positions are (MAC of viewer and id, article id).
 pub const FEED: Walk = Walk("feed");
@@ -245,10 +246,7 @@ impl FeedService {
             format!("({below}")
         };
         let mut conn = self.store.redis.conn.clone();
-        let reply: Vec<i64> = self
-            .store
-            .redis
-            .scripts
+        let reply: Vec<i64> = SCRIPTS
             .feed_read
             .key(keys.inbox())
             .key(keys.no_more())
@@ -283,9 +281,7 @@ impl FeedService {
         let keys = store.redis.keys.feed_user(viewer);
         let token = format!("{:016x}", rand::random::<u64>());
         let mut conn = store.redis.conn.clone();
-        let began: i64 = store
-            .redis
-            .scripts
+        let began: i64 = SCRIPTS
             .feed_rebuild_begin
             .key(keys.inbox())
             .key(keys.inbox_building())
@@ -311,7 +307,7 @@ impl FeedService {
             ids.truncate(cap as usize);
             complete = false;
         }
-        let mut install = store.redis.scripts.feed_rebuild_install.prepare_invoke();
+        let mut install = SCRIPTS.feed_rebuild_install.prepare_invoke();
         install
             .key(keys.inbox())
             .key(keys.inbox_building())

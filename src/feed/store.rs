@@ -14,6 +14,7 @@ use crate::error::AppResult;
 use crate::keys::FeedKeys;
 use crate::keys::{FEED_SHARDS, Keys, by_feed_shard, feed_shard};
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 
 /// The feed's knobs, from the configuration.
 #[derive(Clone, Debug)]
@@ -173,7 +174,7 @@ impl FeedStore {
     /// Adds articles to `author`'s outbox; with `loaded`, they are the author's newest from SQL.
     pub async fn outbox_add(&self, author: i64, ids: &[i64], loaded: bool) -> AppResult<u64> {
         let keys = self.redis.keys.feed_user(author);
-        let mut invocation = self.redis.scripts.feed_outbox_add.prepare_invoke();
+        let mut invocation = SCRIPTS.feed_outbox_add.prepare_invoke();
         invocation
             .key(keys.outbox())
             .key(keys.outbox_loaded())
@@ -375,7 +376,7 @@ impl FeedStore {
         }
         let by_shard = by_feed_shard(followers.iter().copied());
         let mut conn = self.redis.conn.clone();
-        let script = &self.redis.scripts.feed_deliver;
+        let script = &SCRIPTS.feed_deliver;
         // A pipeline does not reload a script Redis has lost (a restart); load it once up front.
         script.prepare_invoke().load_async(&mut conn).await?;
         let mut pipe = redis::pipe();

@@ -40,6 +40,7 @@ use crate::jobs::{Entry, Job, JobSpec};
 use crate::keys::LikeKeys;
 use crate::keys::{LIKE_SHARDS, LikeShardKeys};
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "likes-archive",
@@ -279,7 +280,7 @@ impl LikeArchiver {
         committed: &Committed,
     ) -> anyhow::Result<()> {
         let keys = self.redis.keys.like_shard_by_index(shard);
-        let mut invocation = self.redis.scripts.like_settle.prepare_invoke();
+        let mut invocation = SCRIPTS.like_settle.prepare_invoke();
         invocation
             .key(keys.unarchived())
             .key(keys.base())

@@ -23,6 +23,7 @@ use super::comments::CommentService;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::LikeKeys;
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 
 /// Longest list kept; `featuredComments(first)` takes at most this many.
 pub const MAX_FEATURED: usize = 10;
@@ -196,9 +197,7 @@ impl FeaturedComments {
         let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
         let shard = self.redis.keys.like_shard(article);
         let mut conn = self.redis.conn.clone();
-        let stored: i64 = self
-            .redis
-            .scripts
+        let stored: i64 = SCRIPTS
             .featured_store
             .key(shard.featured(article))
             .key(shard.featured_lease(article))

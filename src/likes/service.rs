@@ -15,6 +15,7 @@ use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::{ArticleKeys, LikeKeys};
 use crate::keys::{LIKE_SHARDS, LikeShardKeys};
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 use crate::views::buckets;
 use crate::views::service::RankingWindow;
 
@@ -133,7 +134,7 @@ impl LikeService {
     ) -> AppResult<Vec<i64>> {
         let now = chrono::Utc::now();
         let shard = self.redis.keys.like_shard(subject.id());
-        let mut invocation = self.redis.scripts.like_set.prepare_invoke();
+        let mut invocation = SCRIPTS.like_set.prepare_invoke();
         invocation
             .key(shard.relation(&subject.field(), user))
             .key(shard.unarchived())

@@ -15,6 +15,7 @@ use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::VIEW_SHARDS;
 use crate::keys::{ArticleKeys, ViewKeys};
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
@@ -133,9 +134,7 @@ impl ViewService {
         let now = chrono::Utc::now();
         let shard = self.redis.keys.view_shard(article);
         let mut conn = self.redis.conn.clone();
-        Ok(self
-            .redis
-            .scripts
+        Ok(SCRIPTS
             .record_view
             .key(shard.seen(article, viewer))
             .key(shard.base())
