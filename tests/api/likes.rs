@@ -13,6 +13,7 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrde
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, article_row, error_code, eventually, test_config};
+use pulse::keys::LikeKeys;
 
 pub const LIKE: &str = "mutation($s: ID!) { like(subjectId: $s) { liked likeCount subjectId } }";
 pub const UNLIKE: &str =
@@ -261,8 +262,8 @@ async fn a_like_after_redis_forgot_the_relation_counts_once_before_and_after_arc
         .state
         .redis
         .keys
-        .like_shard(subject)
-        .relation(subject, user);
+        .like_shard(subject.id())
+        .relation(&subject.field(), user);
     let mut redis = app.state.redis.conn.clone();
 
     assert_eq!(
@@ -323,8 +324,8 @@ async fn a_count_missing_from_redis_is_read_from_sql_once_by_two_hundred_concurr
     }
     drain(&app).await;
     let subject = Subject::Article(article_row(&article));
-    let shard = app.state.redis.keys.like_shard(subject);
-    let field = pulse::redis::keys::like_field(subject);
+    let shard = app.state.redis.keys.like_shard(subject.id());
+    let field = subject.field();
     let mut redis = app.state.redis.conn.clone();
     let _: () = redis.hdel(shard.base(), &field).await.unwrap();
     let _: () = redis.hdel(shard.base_versions(), &field).await.unwrap();
@@ -618,7 +619,7 @@ fn entries(shard: u32, ids: Vec<redis::streams::StreamId>, deliveries: u64) -> V
 /// The likes archive's new entries on `subject`'s shard, delivered to `consumer` as the runtime
 /// would (pending with it until acknowledged).
 async fn deliver(app: &TestApp, subject: Subject, consumer: &str) -> Vec<jobs::Entry> {
-    let shard = pulse::redis::keys::like_shard_of(subject);
+    let shard = pulse::keys::like_shard_of(subject.id());
     let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
     let mut redis = app.state.redis.conn.clone();
     let created: redis::RedisResult<()> = redis
@@ -646,7 +647,7 @@ async fn take_over(
     consumer: &str,
     entries_held: &[jobs::Entry],
 ) -> Vec<jobs::Entry> {
-    let shard = pulse::redis::keys::like_shard_of(subject);
+    let shard = pulse::keys::like_shard_of(subject.id());
     let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
     let ids: Vec<&str> = entries_held.iter().map(|entry| entry.id.as_str()).collect();
     let mut redis = app.state.redis.conn.clone();
@@ -713,8 +714,8 @@ async fn a_like_that_redis_counted_again_after_losing_the_archived_one_is_lost_s
         .state
         .redis
         .keys
-        .like_shard(subject)
-        .relation(subject, user);
+        .like_shard(subject.id())
+        .relation(&subject.field(), user);
     let mut redis = app.state.redis.conn.clone();
     let _: () = redis.set(&relation, "0").await.unwrap();
     let again = set_like(&app, Some(&token), &article, true).await;
