@@ -24,6 +24,7 @@ use crate::ownership::{self, DatabaseIdentity};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::redis::embedded::{self, RedisLocation};
+use crate::scripts::SCRIPTS;
 use crate::services::{Inputs, Services, Workers};
 
 /// The one application state: what the HTTP handlers and the GraphQL schema share, and what tests
@@ -88,7 +89,7 @@ impl Backends {
             None => identity.default_prefix(&redis_location),
         };
         let connected = async {
-            let redis = Redis::connect(redis_location.url(), &prefix).await?;
+            let redis = Redis::connect(redis_location.url(), &prefix, &SCRIPTS.all()).await?;
             ownership::claim(&db, &redis, &identity, redis_location.url()).await?;
             anyhow::Ok(redis)
         }

@@ -199,10 +199,10 @@ async fn jobs(backends: &Backends, action: JobsAction) -> anyhow::Result<()> {
     let redis = &backends.redis;
     match action {
         JobsAction::Status => {
-            if crate::jobs::REGISTRY.is_empty() {
+            if crate::services::JOBS.is_empty() {
                 println!("no jobs registered");
             }
-            for spec in crate::jobs::REGISTRY {
+            for spec in crate::services::JOBS {
                 for stream in crate::jobs::status(redis, *spec).await? {
                     println!(
                         "{} {}: length {}, pending {}, lag {}, dead letters {}",
@@ -217,8 +217,8 @@ async fn jobs(backends: &Backends, action: JobsAction) -> anyhow::Result<()> {
             }
         }
         JobsAction::RetryDead { job } => {
-            let Some(spec) = crate::jobs::registered(&job) else {
-                let known: Vec<&str> = crate::jobs::REGISTRY.iter().map(|spec| spec.name).collect();
+            let Some(spec) = crate::services::job(&job) else {
+                let known: Vec<&str> = crate::services::JOBS.iter().map(|spec| spec.name).collect();
                 anyhow::bail!("no job named {job:?}; registered jobs: {known:?}");
             };
             let moved = crate::jobs::retry_dead(redis, spec).await?;

@@ -430,40 +430,11 @@ impl std::str::FromStr for Secret {
     }
 }
 
-/// A connection URL with its password replaced, fit for logs and error messages.
-pub fn redacted_url(url: &str) -> String {
-    let redacted = url.split_once("://").and_then(|(scheme, rest)| {
-        let (credentials, host) = rest.split_once('@')?;
-        // A URL without a password shows as it is: `postgres://app:***@db` would say it has one.
-        let (user, _password) = credentials.split_once(':')?;
-        Some(format!("{scheme}://{user}:***@{host}"))
-    });
-    redacted.unwrap_or_else(|| url.to_owned())
-}
+pub use pulse_runtime::redacted_url;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_never_reach_logs() {
-        assert_eq!(
-            redacted_url("redis://:s3cret@host:6379/0"),
-            "redis://:***@host:6379/0"
-        );
-        assert_eq!(
-            redacted_url("postgres://app:pw@db/pulse"),
-            "postgres://app:***@db/pulse"
-        );
-        assert_eq!(
-            redacted_url("redis://127.0.0.1:6379"),
-            "redis://127.0.0.1:6379"
-        );
-        assert_eq!(
-            redacted_url("postgres://postgres@127.0.0.1:5432/test"),
-            "postgres://postgres@127.0.0.1:5432/test"
-        );
-    }
 
     #[test]
     fn secrets_are_redacted_in_debug_output() {

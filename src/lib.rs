@@ -10,23 +10,21 @@ pub mod config;
 pub mod db;
 pub mod documents;
 pub mod entities;
-pub mod error;
 pub mod feed;
 pub mod follows;
 pub mod graphql;
 pub mod http;
-pub mod jobs;
+pub mod keys;
 pub mod likes;
 pub mod ownership;
-pub mod pagination;
-pub mod realtime;
-pub mod redis;
+pub mod scripts;
 pub mod seed_demo;
 pub mod services;
 pub mod telemetry;
-pub mod text;
 pub mod views;
 pub mod votes;
+
+pub use pulse_runtime::{error, jobs, pagination, realtime, redis, text};
 
 pub use app::App;
 pub use config::Config;

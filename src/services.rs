@@ -21,7 +21,7 @@ use crate::feed::follow_sync::FollowHook;
 use crate::feed::publications::Relay;
 use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
-use crate::jobs::{Job, JobRuntime, JobSettings};
+use crate::jobs::{Job, JobRuntime, JobSettings, JobSpec};
 use crate::likes::featured::FeaturedCommentService;
 use crate::likes::{CommentService, LikeArchiver, LikeService};
 use crate::realtime::Hub;
@@ -30,6 +30,22 @@ use crate::views::crawler::CrawlerDetector;
 use crate::views::{ViewFlusher, ViewService};
 use crate::votes::live::LiveWorkers;
 use crate::votes::{LiveBoardService, PollAdminService, PollConfigs, VoteArchiver, VoteService};
+
+/// Every job the binary runs, in the order [`Services::start`] starts them (it refuses to start
+/// otherwise): `pulse jobs status` and `pulse jobs retry-dead` read this list, and every job
+/// metric starts with a series for each.
+pub const JOBS: &[JobSpec] = &[
+    crate::likes::archive::SPEC,
+    crate::votes::archive::SPEC,
+    crate::feed::dispatch::SPEC,
+    crate::feed::fanout::SPEC,
+    crate::feed::follow_sync::SPEC,
+];
+
+/// A job of [`JOBS`] by name.
+pub fn job(name: &str) -> Option<JobSpec> {
+    JOBS.iter().copied().find(|spec| spec.name == name)
+}
 
 /// What the services are built from: the backends, and the token signer every session check needs.
 pub struct Inputs<'a> {
@@ -184,6 +200,10 @@ impl Services {
                 Arc::new(crate::feed::fanout::Fanout(feed_store.clone())),
                 Arc::new(crate::feed::follow_sync::FollowSync(feed_store)),
             ];
+            anyhow::ensure!(
+                jobs.iter().map(|job| job.spec()).eq(JOBS.iter().copied()),
+                "the jobs started are not the jobs of services::JOBS"
+            );
             workers
                 .tasks
                 .spawn(relay.run(config.feed_relay_interval, workers.shutdown.clone()));

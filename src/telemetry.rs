@@ -61,19 +61,19 @@ pub struct Metric {
     pub name: &'static str,
     pub kind: MetricKind,
     pub help: &'static str,
-    /// Series created at start-up, at zero; a metric without labels has one, with none.
-    pub initial: &'static [&'static [(&'static str, &'static str)]],
+    /// Series created at start-up, at zero.
+    pub initial: Initial,
 }
 
-const NO_LABELS: &[&[(&str, &str)]] = &[&[]];
-/// The jobs of `jobs::REGISTRY`; a test checks that the two lists agree.
-pub const JOB_LABELS: &[&[(&str, &str)]] = &[
-    &[("job", "likes-archive")],
-    &[("job", "votes-archive")],
-    &[("job", "feed-dispatch")],
-    &[("job", "feed-fanout")],
-    &[("job", "feed-follows")],
-];
+/// The series a metric starts with.
+pub enum Initial {
+    /// These label sets; a metric without labels has one, with none.
+    Labels(&'static [&'static [(&'static str, &'static str)]]),
+    /// One per job of the service registry (`services::JOBS`), labelled `job`.
+    PerJob,
+}
+
+const NO_LABELS: Initial = Initial::Labels(&[&[]]);
 
 impl Metric {
     fn register(&self) {
@@ -83,11 +83,22 @@ impl Metric {
             MetricKind::Gauge => metrics::describe_gauge!(name, help),
             MetricKind::Histogram => metrics::describe_histogram!(name, help),
         }
-        for labels in self.initial {
-            let labels: Vec<metrics::Label> = labels
+        let label_sets: Vec<Vec<metrics::Label>> = match self.initial {
+            Initial::Labels(sets) => sets
                 .iter()
-                .map(|(key, value)| metrics::Label::new(*key, *value))
-                .collect();
+                .map(|labels| {
+                    labels
+                        .iter()
+                        .map(|(key, value)| metrics::Label::new(*key, *value))
+                        .collect()
+                })
+                .collect(),
+            Initial::PerJob => crate::services::JOBS
+                .iter()
+                .map(|spec| vec![metrics::Label::new("job", spec.name)])
+                .collect(),
+        };
+        for labels in label_sets {
             match self.kind {
                 MetricKind::Counter => metrics::counter!(name, labels).increment(0),
                 MetricKind::Gauge => metrics::gauge!(name, labels).increment(0.0),
@@ -103,13 +114,13 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_graphql_requests_total",
         kind: MetricKind::Counter,
         help: "GraphQL operations answered, by operation name (`invalid`: never executed; `other`: past the label bound) and outcome",
-        initial: &[&[("operation", "invalid"), ("outcome", "error")]],
+        initial: Initial::Labels(&[&[("operation", "invalid"), ("outcome", "error")]]),
     },
     Metric {
         name: "pulse_graphql_request_duration_seconds",
         kind: MetricKind::Histogram,
         help: "Time to answer a GraphQL operation, by operation name and outcome",
-        initial: &[&[("operation", "invalid"), ("outcome", "error")]],
+        initial: Initial::Labels(&[&[("operation", "invalid"), ("outcome", "error")]]),
     },
     Metric {
         name: "pulse_graphql_validations_skipped_total",
@@ -139,37 +150,37 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_job_processed_total",
         kind: MetricKind::Counter,
         help: "Job stream entries handled and acknowledged, by job",
-        initial: JOB_LABELS,
+        initial: Initial::PerJob,
     },
     Metric {
         name: "pulse_job_retried_total",
         kind: MetricKind::Counter,
         help: "Job batches retried after a transient failure, by job",
-        initial: JOB_LABELS,
+        initial: Initial::PerJob,
     },
     Metric {
         name: "pulse_job_failed_total",
         kind: MetricKind::Counter,
         help: "Job entries that failed (retried later or dead-lettered), by job",
-        initial: JOB_LABELS,
+        initial: Initial::PerJob,
     },
     Metric {
         name: "pulse_job_dead_lettered_total",
         kind: MetricKind::Counter,
         help: "Job entries moved to the dead letters after their last attempt, by job",
-        initial: JOB_LABELS,
+        initial: Initial::PerJob,
     },
     Metric {
         name: "pulse_job_pending",
         kind: MetricKind::Gauge,
         help: "Entries delivered to a worker and not yet acknowledged, by job",
-        initial: JOB_LABELS,
+        initial: Initial::PerJob,
     },
     Metric {
         name: "pulse_job_lag",
         kind: MetricKind::Gauge,
         help: "Entries in the stream not yet delivered to any worker, by job",
-        initial: JOB_LABELS,
+        initial: Initial::PerJob,
     },
     Metric {
         name: "pulse_view_rollbacks_total",
@@ -193,25 +204,25 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_realtime_watchers",
         kind: MetricKind::Gauge,
         help: "Subjects this process watches for coalesced subscription snapshots, by kind",
-        initial: &[&[("kind", "article_stats")], &[("kind", "leaderboard")]],
+        initial: Initial::Labels(&[&[("kind", "article_stats")], &[("kind", "leaderboard")]]),
     },
     Metric {
         name: "pulse_realtime_snapshot_reads_total",
         kind: MetricKind::Counter,
         help: "Redis reads made to build coalesced subscription snapshots, by kind",
-        initial: &[&[("kind", "article_stats")], &[("kind", "leaderboard")]],
+        initial: Initial::Labels(&[&[("kind", "article_stats")], &[("kind", "leaderboard")]]),
     },
     Metric {
         name: "pulse_like_changes_total",
         kind: MetricKind::Counter,
         help: "Likes and unlikes that changed state, by action",
-        initial: &[&[("action", "like")], &[("action", "unlike")]],
+        initial: Initial::Labels(&[&[("action", "like")], &[("action", "unlike")]]),
     },
     Metric {
         name: "pulse_like_sql_loads_total",
         kind: MetricKind::Counter,
         help: "Like relations and counters read from SQL because Redis did not hold them, by what",
-        initial: &[&[("what", "relation")], &[("what", "count")]],
+        initial: Initial::Labels(&[&[("what", "relation")], &[("what", "count")]]),
     },
     Metric {
         name: "pulse_like_events_archived_total",
@@ -247,7 +258,7 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_votes_total",
         kind: MetricKind::Counter,
         help: "Ballots cast, by outcome (accepted, or rate_limited by a poll's rules)",
-        initial: &[&[("outcome", "accepted")], &[("outcome", "rate_limited")]],
+        initial: Initial::Labels(&[&[("outcome", "accepted")], &[("outcome", "rate_limited")]]),
     },
     Metric {
         name: "pulse_votes_archived_total",

@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use pulse::actor::Identity;
+use pulse::keys::LikeShardKeys;
 use pulse::likes::Subject;
-use pulse::redis::keys::LikeShardKeys;
-use pulse::redis::{Keys, Scripts};
+use pulse::redis::Keys;
+use pulse::scripts::SCRIPTS;
 use pulse::views::buckets;
 
 use crate::redis_util;
+use pulse::keys::{ArticleKeys, LikeKeys, ViewKeys, VoteKeys};
 
 /// All ceiling calls view or like this article, so every key is in one shard (and one cluster
 /// slot).
@@ -152,7 +154,7 @@ async fn record_view_call(
         &shard.seen(ARTICLE, Identity::Address(IpAddr::V4(sample))),
         &sample.to_string(),
     )?;
-    let sha = load_script(&Scripts::load().record_view, conn, "record_view.lua").await?;
+    let sha = load_script(&SCRIPTS.record_view, conn, "record_view.lua").await?;
     // Without a base count the script answers -1 and counts nothing (the server would read SQL).
     let () = redis::cmd("HSET")
         .arg(shard.base())
@@ -192,13 +194,16 @@ async fn like_set_call(
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<Call> {
     let subject = Subject::Article(ARTICLE);
-    let shard = keys.like_shard(subject);
+    let shard = keys.like_shard(subject.id());
     let sample_user = 7;
-    let relation = randomized(&shard.relation(subject, sample_user), "7")?;
-    let relation_field = randomized(&LikeShardKeys::relation_field(subject, sample_user), "7")?;
+    let relation = randomized(&shard.relation(&subject.field(), sample_user), "7")?;
+    let relation_field = randomized(
+        &LikeShardKeys::relation_field(&subject.field(), sample_user),
+        "7",
+    )?;
     let stream = redis_util::like_archive_stream(keys, shard.shard());
-    let sha = load_script(&Scripts::load().like_set, conn, "like_set.lua").await?;
-    let field = pulse::redis::keys::like_field(subject);
+    let sha = load_script(&SCRIPTS.like_set, conn, "like_set.lua").await?;
+    let field = subject.field();
     Ok(Call {
         sha,
         args: vec![
@@ -262,7 +267,7 @@ async fn vote_cast_call(
         retention,
         event_prefix: RANDOM,
     });
-    let sha = load_script(&Scripts::load().vote_cast, conn, "vote_cast.lua").await?;
+    let sha = load_script(&SCRIPTS.vote_cast, conn, "vote_cast.lua").await?;
     let mut args = vec![call.keys.len().to_string()];
     args.extend(call.keys);
     args.extend(call.args);

@@ -14,6 +14,7 @@ use serde_json::json;
 use crate::load::viewer_ip;
 use crate::report::{print_table, thousands};
 use crate::{DedupMemoryArgs, redis_util};
+use pulse::keys::ViewKeys;
 
 const SMOKE_ENTRIES: u32 = 10_000;
 /// The markers are spread over this many articles (ids 1..=100, so over every shard).

@@ -21,6 +21,7 @@ use crate::load::{self, LoadPlan, Sender, Stop};
 use crate::report::{print_table, thousands};
 use crate::server::{Launch, Server};
 use pulse::entities::{articles, follow_counts, follows, users};
+use pulse::keys::FeedKeys;
 
 const PAGE: usize = 20;
 const FEED: &str = "query{ feed(first:20){ edges{ cursor node{ id title author{ handle } viewCount likeCount commentCount viewerHasLiked } } pageInfo{ hasNextPage } } }";

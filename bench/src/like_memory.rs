@@ -9,15 +9,16 @@
 //!   entry, with the subject's pending count; this is the backlog an unavailable SQL leaves in Redis.
 
 use anyhow::Context as _;
+use pulse::keys::LikeShardKeys;
 use pulse::likes::Subject;
 use pulse::redis::Keys;
 use pulse::redis::Link;
-use pulse::redis::keys::{LikeShardKeys, like_field};
 use serde_json::json;
 
 use crate::redis_util::{self, Batcher};
 use crate::report::{print_table, thousands};
 use crate::{LikeMemoryArgs, random_hex};
+use pulse::keys::LikeKeys;
 
 const SMOKE_LIKES: u32 = 10_000;
 const SMOKE_ARTICLES: u32 = 1_000;
@@ -127,10 +128,13 @@ async fn measure(conn: &mut Link, prefix: &str, spread: &Spread) -> anyhow::Resu
     for index in 0..spread.likes {
         let (subject, user) = spread.like(index);
         let mut set = redis::cmd("SET");
-        set.arg(keys.like_shard(subject).relation(subject, user))
-            .arg(relation_value(index))
-            .arg("EX")
-            .arg(ttl);
+        set.arg(
+            keys.like_shard(subject.id())
+                .relation(&subject.field(), user),
+        )
+        .arg(relation_value(index))
+        .arg("EX")
+        .arg(ttl);
         batch.push(set).await?;
     }
     batch.flush().await?;
@@ -147,8 +151,8 @@ async fn measure(conn: &mut Link, prefix: &str, spread: &Spread) -> anyhow::Resu
     let mut batch = Batcher::new(conn);
     for article in 1..=i64::from(spread.articles) {
         let subject = Subject::Article(article);
-        let shard = keys.like_shard(subject);
-        let field = like_field(subject);
+        let shard = keys.like_shard(subject.id());
+        let field = subject.field();
         let mut base = redis::cmd("HSET");
         base.arg(shard.base()).arg(&field).arg(likes_per_article);
         batch.push(base).await?;
@@ -174,16 +178,16 @@ async fn measure(conn: &mut Link, prefix: &str, spread: &Spread) -> anyhow::Resu
     let mut batch = Batcher::new(conn);
     for index in 0..spread.likes {
         let (subject, user) = spread.like(index);
-        let shard = keys.like_shard(subject);
+        let shard = keys.like_shard(subject.id());
         let seq = first_seq + i64::from(index);
         let mut unarchived = redis::cmd("HSET");
         unarchived
             .arg(shard.unarchived())
-            .arg(LikeShardKeys::relation_field(subject, user))
+            .arg(LikeShardKeys::relation_field(&subject.field(), user))
             .arg(relation_value(index));
         batch.push(unarchived).await?;
         let mut pending = redis::cmd("HINCRBY");
-        pending.arg(shard.pending()).arg(like_field(subject)).arg(1);
+        pending.arg(shard.pending()).arg(subject.field()).arg(1);
         batch.push(pending).await?;
         let stream = redis_util::like_archive_stream(&keys, shard.shard());
         let mut event = redis::cmd("XADD");

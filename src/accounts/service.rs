@@ -10,7 +10,9 @@ use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
+use crate::keys::AccountKeys;
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 use crate::text::{Controls, TextRule, Trim};
 
 const AUTH_WINDOW: Duration = Duration::from_secs(60);
@@ -127,9 +129,7 @@ impl AccountService {
             return Ok(());
         }
         let mut conn = self.redis.conn.clone();
-        let (allowed, reset_ms): (i64, i64) = self
-            .redis
-            .scripts
+        let (allowed, reset_ms): (i64, i64) = SCRIPTS
             .rate_limit
             .key(self.redis.keys.auth_attempts(actor.client_ip))
             .arg(self.auth_attempts_per_minute)

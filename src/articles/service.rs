@@ -9,6 +9,7 @@ use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};
 use crate::feed::publications::Relay;
+use crate::keys::ArticleKeys;
 use crate::pagination::{Page, PageRequest, Position, Walk};
 use crate::realtime::{Hub, HubSubscription};
 use crate::redis::Redis;

@@ -15,6 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use super::ArticleService;
 use crate::error::{AppError, AppResult};
+use crate::keys::ArticleKeys;
 use crate::likes::{LikeService, Subject};
 use crate::realtime::{Coalescer, CoalescerConfig, Hub, Snapshot};
 use crate::redis::Keys;

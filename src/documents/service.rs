@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::entities::trusted_documents;
 use crate::error::{AppResult, Unique, UniqueViolationExt};
+use crate::keys::DocumentKeys;
 use crate::redis::Redis;
 
 /// Which documents a server runs.

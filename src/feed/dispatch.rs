@@ -16,6 +16,7 @@ use super::{FeedStore, fanout};
 use crate::db::retry_once;
 use crate::entities::{articles, feed_publications};
 use crate::jobs::{Entry, Job, JobSpec};
+use crate::keys::FeedKeys;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "feed-dispatch",

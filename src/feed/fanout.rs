@@ -64,7 +64,7 @@ impl Chunk {
             }
         };
         let shard: u32 = field("shard")?.parse().with_context(malformed)?;
-        if shard >= crate::redis::keys::FEED_SHARDS {
+        if shard >= crate::keys::FEED_SHARDS {
             return Err(anyhow!(malformed()));
         }
         let articles = field("articles")?

@@ -18,6 +18,7 @@ use anyhow::{Context as _, anyhow};
 use super::FeedStore;
 use crate::follows::service::{FollowChange, FollowListener};
 use crate::jobs::{Entry, Job, JobSpec};
+use crate::keys::FeedKeys;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "feed-follows",

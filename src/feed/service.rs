@@ -11,8 +11,10 @@ use crate::accounts::TokenSigner;
 use crate::actor::Actor;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
+use crate::keys::FeedKeys;
 use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
 use crate::realtime::Hub;
+use crate::scripts::SCRIPTS;
 
 /// The viewer's timeline, newest first. Positions are (MAC of viewer and id, article id).
 pub const FEED: Walk = Walk("feed");
@@ -206,10 +208,7 @@ impl FeedService {
             format!("({below}")
         };
         let mut conn = self.store.redis.conn.clone();
-        let reply: Vec<i64> = self
-            .store
-            .redis
-            .scripts
+        let reply: Vec<i64> = SCRIPTS
             .feed_read
             .key(keys.inbox())
             .arg(max)
@@ -255,9 +254,7 @@ impl FeedService {
         let keys = store.redis.keys.feed_user(viewer);
         let token = format!("{:016x}", rand::random::<u64>());
         let mut conn = store.redis.conn.clone();
-        let began: i64 = store
-            .redis
-            .scripts
+        let began: i64 = SCRIPTS
             .feed_rebuild_begin
             .key(keys.inbox())
             .key(keys.inbox_building())
@@ -278,7 +275,7 @@ impl FeedService {
         // fanned out into the building key.
         let fanned_out = store.join_and_split(viewer, &followees).await?;
         let timeline = store.timeline(&fanned_out).await?;
-        let mut install = store.redis.scripts.feed_rebuild_install.prepare_invoke();
+        let mut install = SCRIPTS.feed_rebuild_install.prepare_invoke();
         install
             .key(keys.inbox())
             .key(keys.inbox_building())

@@ -11,8 +11,10 @@ use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOr
 use crate::db::retry_once;
 use crate::entities::{articles, follow_counts, follows};
 use crate::error::AppResult;
+use crate::keys::FeedKeys;
+use crate::keys::{FEED_SHARDS, Keys, by_feed_shard, feed_shard};
 use crate::redis::Redis;
-use crate::redis::keys::{FEED_SHARDS, Keys, by_feed_shard, feed_shard};
+use crate::scripts::SCRIPTS;
 
 /// The feed's knobs, from the configuration.
 #[derive(Clone, Debug)]
@@ -177,7 +179,7 @@ impl FeedStore {
     /// Adds articles to `author`'s outbox; with `loaded`, they are the author's newest from SQL.
     pub async fn outbox_add(&self, author: i64, ids: &[i64], loaded: bool) -> AppResult<u64> {
         let keys = self.redis.keys.feed_user(author);
-        let mut invocation = self.redis.scripts.feed_outbox_add.prepare_invoke();
+        let mut invocation = SCRIPTS.feed_outbox_add.prepare_invoke();
         invocation
             .key(keys.outbox())
             .key(keys.outbox_loaded())
@@ -409,7 +411,7 @@ impl FeedStore {
         if readers.is_empty() {
             return Ok(0);
         }
-        let script = &self.redis.scripts.feed_merge;
+        let script = &SCRIPTS.feed_merge;
         let mut conn = self.redis.conn.clone();
         // A pipeline does not reload a script Redis has lost (a restart); load it once up front.
         script.prepare_invoke().load_async(&mut conn).await?;
@@ -445,7 +447,7 @@ impl FeedStore {
         floor: i64,
     ) -> AppResult<Merged> {
         let keys = self.redis.keys.feed_user(reader);
-        let mut invocation = self.redis.scripts.feed_merge.prepare_invoke();
+        let mut invocation = SCRIPTS.feed_merge.prepare_invoke();
         invocation
             .key(keys.inbox())
             .key(keys.inbox_building())
@@ -481,7 +483,7 @@ impl FeedStore {
         }
         let by_shard = by_feed_shard(followers.iter().copied());
         let mut conn = self.redis.conn.clone();
-        let script = &self.redis.scripts.feed_deliver;
+        let script = &SCRIPTS.feed_deliver;
         // A pipeline does not reload a script Redis has lost (a restart); load it once up front.
         script.prepare_invoke().load_async(&mut conn).await?;
         let mut pipe = redis::pipe();

@@ -9,7 +9,8 @@ use super::FeedStore;
 use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::AppResult;
-use crate::redis::keys::{FeedUserKeys, Keys};
+use crate::keys::FeedKeys;
+use crate::keys::{FeedUserKeys, Keys};
 
 /// Every feed key, grouped by user: key name (`inbox`, `outbox`, …) → full key.
 async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String, String>>> {

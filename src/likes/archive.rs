@@ -45,8 +45,10 @@ use super::service::SqlCount;
 use super::{Subject, counts};
 use crate::entities::{comments, like_archive_shards, like_events, likes};
 use crate::jobs::{Entry, Job, JobSpec};
+use crate::keys::LikeKeys;
+use crate::keys::{LIKE_SHARDS, LikeShardKeys};
 use crate::redis::Redis;
-use crate::redis::keys::{LIKE_SHARDS, LikeShardKeys, like_field};
+use crate::scripts::SCRIPTS;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "likes-archive",
@@ -402,7 +404,7 @@ impl LikeArchiver {
         committed: &Committed,
     ) -> anyhow::Result<()> {
         let keys = self.redis.keys.like_shard_by_index(shard);
-        let mut invocation = self.redis.scripts.like_settle.prepare_invoke();
+        let mut invocation = SCRIPTS.like_settle.prepare_invoke();
         invocation
             .key(keys.unarchived())
             .key(keys.base())
@@ -417,7 +419,7 @@ impl LikeArchiver {
         for event in events {
             invocation
                 .arg(&event.entry)
-                .arg(like_field(event.subject))
+                .arg(event.subject.field())
                 .arg(if event.liked { 1 } else { -1 });
         }
         invocation.arg(committed.counts.len());
@@ -427,7 +429,7 @@ impl LikeArchiver {
                 Subject::Comment(_) => String::new(),
             };
             invocation
-                .arg(like_field(*subject))
+                .arg(subject.field())
                 .arg(count.count)
                 .arg(count.version)
                 .arg(article);
@@ -447,9 +449,9 @@ impl LikeArchiver {
                 .get(&(user, subject))
                 .copied()
                 .unwrap_or_default();
-            invocation.key(keys.relation(subject, user));
+            invocation.key(keys.relation(&subject.field(), user));
             invocation
-                .arg(LikeShardKeys::relation_field(subject, user))
+                .arg(LikeShardKeys::relation_field(&subject.field(), user))
                 .arg(2 * event.seq + i64::from(event.liked))
                 .arg(2 * in_sql.seq + i64::from(in_sql.liked));
         }

@@ -13,9 +13,9 @@ use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::{articles, comments, likes};
 use crate::error::{AppError, AppResult};
+use crate::keys::{ArticleKeys, LikeKeys};
 use crate::pagination::{Page, PageRequest, Position, Walk};
 use crate::redis::Redis;
-use crate::redis::keys::like_field;
 use crate::text::{Controls, TextRule, Trim};
 
 /// One article's comments, newest first (`Article.comments`).
@@ -121,12 +121,12 @@ impl CommentService {
             .await?;
         txn.commit().await?;
         // Without its cached count, a like of the deleted comment reads SQL and is NOT_FOUND.
-        let shard = self.redis.keys.like_shard(subject);
+        let shard = self.redis.keys.like_shard(subject.id());
         let mut forget = redis::pipe();
         forget
-            .hdel(shard.base(), like_field(subject))
+            .hdel(shard.base(), subject.field())
             .ignore()
-            .hdel(shard.base_versions(), like_field(subject))
+            .hdel(shard.base_versions(), subject.field())
             .ignore();
         let mut conn = self.redis.conn.clone();
         if let Err(err) = forget.query_async::<()>(&mut conn).await {

@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use singleflight_async::SingleFlight;
 
-use super::Subject;
 use super::comments::CommentService;
 use crate::error::{AppError, AppResult, SharedResult};
+use crate::keys::LikeKeys;
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 
 /// Longest list kept; `featuredComments(first)` takes at most this many.
 pub const MAX_FEATURED: usize = 10;
@@ -108,7 +109,7 @@ impl FeaturedCommentService {
 
     /// The list, and whether this call took the lease (when it was free), in one round trip.
     async fn list_and_lease(&self, article: i64, token: &str) -> AppResult<(Option<String>, bool)> {
-        let shard = self.redis.keys.like_shard(Subject::Article(article));
+        let shard = self.redis.keys.like_shard(article);
         let mut conn = self.redis.conn.clone();
         let (list, leased): (Option<String>, Option<String>) = redis::pipe()
             .get(shard.featured(article))
@@ -133,7 +134,7 @@ impl FeaturedCommentService {
     pub async fn refresh_after_archive(&self, articles: &[i64]) -> AppResult<()> {
         let spacing = ARCHIVE_REFRESH_SPACING.as_millis() as u64;
         for &article in articles {
-            let shard = self.redis.keys.like_shard(Subject::Article(article));
+            let shard = self.redis.keys.like_shard(article);
             let mut conn = self.redis.conn.clone();
             let (cached, first): (u32, Option<String>) = redis::pipe()
                 .exists(&[shard.featured(article), shard.featured_lease(article)])
@@ -171,7 +172,7 @@ impl FeaturedCommentService {
 
     /// Polls for the list until it appears, or the lease is gone (its holder died: `None`).
     async fn wait_for_list(&self, article: i64) -> AppResult<Option<String>> {
-        let shard = self.redis.keys.like_shard(Subject::Article(article));
+        let shard = self.redis.keys.like_shard(article);
         loop {
             tokio::time::sleep(COLD_POLL).await;
             let mut conn = self.redis.conn.clone();
@@ -194,11 +195,9 @@ impl FeaturedCommentService {
             .most_liked(article, MAX_FEATURED as u64)
             .await?;
         let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-        let shard = self.redis.keys.like_shard(Subject::Article(article));
+        let shard = self.redis.keys.like_shard(article);
         let mut conn = self.redis.conn.clone();
-        let stored: i64 = self
-            .redis
-            .scripts
+        let stored: i64 = SCRIPTS
             .featured_store
             .key(shard.featured(article))
             .key(shard.featured_lease(article))

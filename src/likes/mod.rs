@@ -62,4 +62,23 @@ impl Subject {
             _ => None,
         }
     }
+
+    /// The subject's name in Redis hash fields and keys: `a42` for an article, `c7` for a comment,
+    /// so that an article and a comment with one id never share a counter.
+    pub fn field(self) -> String {
+        match self {
+            Self::Article(id) => format!("a{id}"),
+            Self::Comment(id) => format!("c{id}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Subject;
+
+    #[test]
+    fn an_article_and_a_comment_with_one_id_are_different_subjects() {
+        assert_ne!(Subject::Article(3).field(), Subject::Comment(3).field());
+    }
 }

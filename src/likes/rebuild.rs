@@ -15,8 +15,9 @@ use sea_orm::DatabaseConnection;
 use super::service::SqlCount;
 use super::{Subject, counts};
 use crate::error::AppResult;
+use crate::keys::LikeKeys;
+use crate::keys::{LIKE_SHARDS, like_shard_of};
 use crate::redis::Redis;
-use crate::redis::keys::{LIKE_SHARDS, like_field, like_shard_of};
 
 /// Rows read from SQL per query.
 const PAGE: u64 = 1000;
@@ -55,8 +56,8 @@ pub async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<Re
             after = last.id();
             let mut writes = redis::pipe();
             for (subject, SqlCount { count, version }) in rows {
-                let index = like_shard_of(subject) as usize;
-                let (shard, field) = (&shards[index], like_field(subject));
+                let index = like_shard_of(subject.id()) as usize;
+                let (shard, field) = (&shards[index], subject.field());
                 writes
                     .hset(aside(shard.base()), &field, count)
                     .ignore()

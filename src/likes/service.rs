@@ -12,8 +12,10 @@ use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::likes;
 use crate::error::{AppError, AppResult, SharedResult};
+use crate::keys::{ArticleKeys, LikeKeys};
+use crate::keys::{LIKE_SHARDS, LikeShardKeys};
 use crate::redis::Redis;
-use crate::redis::keys::{LIKE_SHARDS, LikeShardKeys, like_field};
+use crate::scripts::SCRIPTS;
 use crate::views::buckets;
 use crate::views::service::RankingWindow;
 
@@ -131,10 +133,10 @@ impl LikeService {
         known: &SqlState,
     ) -> AppResult<Vec<i64>> {
         let now = chrono::Utc::now();
-        let shard = self.redis.keys.like_shard(subject);
-        let mut invocation = self.redis.scripts.like_set.prepare_invoke();
+        let shard = self.redis.keys.like_shard(subject.id());
+        let mut invocation = SCRIPTS.like_set.prepare_invoke();
         invocation
-            .key(shard.relation(subject, user))
+            .key(shard.relation(&subject.field(), user))
             .key(shard.unarchived())
             .key(shard.base())
             .key(shard.base_versions())
@@ -157,8 +159,8 @@ impl LikeService {
         };
         invocation
             .arg(if like { "1" } else { "0" })
-            .arg(like_field(subject))
-            .arg(LikeShardKeys::relation_field(subject, user))
+            .arg(subject.field())
+            .arg(LikeShardKeys::relation_field(&subject.field(), user))
             .arg(user)
             .arg(event)
             .arg(match known.relation {
@@ -217,8 +219,8 @@ impl LikeService {
     }
 
     async fn load_base(&self, subject: Subject) -> AppResult<Option<SqlCount>> {
-        let shard = self.redis.keys.like_shard(subject);
-        let field = like_field(subject);
+        let shard = self.redis.keys.like_shard(subject.id());
+        let field = subject.field();
         let mut conn = self.redis.conn.clone();
         let cached: bool = redis::cmd("HEXISTS")
             .arg(shard.base())
@@ -261,8 +263,8 @@ impl LikeService {
     pub async fn live(&self, subjects: &[Subject]) -> AppResult<HashMap<Subject, LiveLikes>> {
         let mut pipe = redis::pipe();
         for &subject in subjects {
-            let shard = self.redis.keys.like_shard(subject);
-            let field = like_field(subject);
+            let shard = self.redis.keys.like_shard(subject.id());
+            let field = subject.field();
             pipe.hget(shard.base(), &field)
                 .hget(shard.pending(), &field);
         }
@@ -291,10 +293,10 @@ impl LikeService {
     ) -> AppResult<HashMap<Subject, bool>> {
         let mut pipe = redis::pipe();
         for &subject in subjects {
-            let shard = self.redis.keys.like_shard(subject);
-            pipe.get(shard.relation(subject, user)).hget(
+            let shard = self.redis.keys.like_shard(subject.id());
+            pipe.get(shard.relation(&subject.field(), user)).hget(
                 shard.unarchived(),
-                LikeShardKeys::relation_field(subject, user),
+                LikeShardKeys::relation_field(&subject.field(), user),
             );
         }
         let mut conn = self.redis.conn.clone();
@@ -317,10 +319,10 @@ impl LikeService {
         for &subject in &unknown {
             let state = from_sql.contains(&subject);
             liked.insert(subject, state);
-            let shard = self.redis.keys.like_shard(subject);
+            let shard = self.redis.keys.like_shard(subject.id());
             // NX: a like that landed since the read above wrote a newer state.
             fill.cmd("SET")
-                .arg(shard.relation(subject, user))
+                .arg(shard.relation(&subject.field(), user))
                 .arg(if state { 1 } else { 0 })
                 .arg("EX")
                 .arg(self.relation_ttl.as_secs().max(1))

@@ -42,8 +42,10 @@ use tokio_util::sync::CancellationToken;
 use super::rebuild::{self, Caches};
 use crate::entities::{articles, view_flush_batches, view_flush_shards};
 use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
+use crate::keys::VIEW_SHARDS;
+use crate::keys::ViewKeys;
 use crate::redis::Redis;
-use crate::redis::keys::VIEW_SHARDS;
+use crate::scripts::SCRIPTS;
 
 /// Most articles one batch takes from a shard; the rest wait for the next round.
 const MAX_BATCH_ARTICLES: usize = 5_000;
@@ -257,9 +259,7 @@ impl ViewFlusher {
         let keys = self.redis.keys.view_shard_by_index(shard);
         let new_id = format!("v{shard}-{:032x}", rand::random::<u128>());
         let mut conn = self.redis.conn.clone();
-        let reply: Vec<String> = self
-            .redis
-            .scripts
+        let reply: Vec<String> = SCRIPTS
             .view_flush_take
             .key(keys.pending())
             .key(keys.in_flight())
@@ -379,7 +379,7 @@ impl ViewFlusher {
         let sql_seq = self.sql_seq(shard).await?;
         let ids: Vec<i64> = pending.keys().copied().collect();
         let flushed = self.flushed_since(&ids, redis_seq).await?;
-        let mut invocation = self.redis.scripts.view_flush_repair.prepare_invoke();
+        let mut invocation = SCRIPTS.view_flush_repair.prepare_invoke();
         invocation
             .key(keys.pending())
             .key(keys.in_flight())
@@ -466,7 +466,7 @@ impl ViewFlusher {
         counts: &HashMap<i64, Option<i64>>,
     ) -> AppResult<()> {
         let keys = self.redis.keys.view_shard_by_index(shard);
-        let mut invocation = self.redis.scripts.view_flush_clear.prepare_invoke();
+        let mut invocation = SCRIPTS.view_flush_clear.prepare_invoke();
         invocation
             .key(keys.pending())
             .key(keys.in_flight())

@@ -10,8 +10,9 @@ use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOr
 
 use crate::entities::articles;
 use crate::error::AppResult;
+use crate::keys::ViewKeys;
+use crate::keys::{VIEW_SHARDS, view_shard_of};
 use crate::redis::Redis;
-use crate::redis::keys::{VIEW_SHARDS, view_shard_of};
 
 /// Which caches a rebuild rewrites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

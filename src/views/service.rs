@@ -12,8 +12,10 @@ use crate::actor::{Actor, Identity};
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
+use crate::keys::VIEW_SHARDS;
+use crate::keys::{ArticleKeys, ViewKeys};
 use crate::redis::Redis;
-use crate::redis::keys::VIEW_SHARDS;
+use crate::scripts::SCRIPTS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
@@ -132,9 +134,7 @@ impl ViewService {
         let now = chrono::Utc::now();
         let shard = self.redis.keys.view_shard(article);
         let mut conn = self.redis.conn.clone();
-        Ok(self
-            .redis
-            .scripts
+        Ok(SCRIPTS
             .record_view
             .key(shard.seen(article, viewer))
             .key(shard.base())

@@ -19,6 +19,7 @@ use crate::accounts::AccountService;
 use crate::actor::Actor;
 use crate::entities::{poll_options, poll_rules, polls};
 use crate::error::{AppError, AppResult};
+use crate::keys::VoteKeys;
 use crate::redis::Redis;
 
 /// Most options one poll may have: a board read ranks them all.

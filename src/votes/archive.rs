@@ -14,7 +14,7 @@ use sea_orm::{
 
 use crate::entities::vote_log;
 use crate::jobs::{Entry, Job, JobSpec};
-use crate::redis::keys::VOTE_SHARDS;
+use crate::keys::VOTE_SHARDS;
 
 pub const SPEC: JobSpec = JobSpec {
     name: "votes-archive",

@@ -22,6 +22,7 @@ use super::rules::{LimitScope, LimitWindow, Rule};
 use crate::db::retry_once;
 use crate::entities::{poll_options, poll_rules, polls};
 use crate::error::{AppError, AppResult, SharedResult};
+use crate::keys::VoteKeys;
 use crate::pagination::{Page, PageRequest, Position};
 use crate::realtime::Hub;
 use crate::redis::Redis;

@@ -20,6 +20,7 @@ use super::board::Ranked;
 use super::periods::{self, Bucket, Period};
 use super::service::{Board, BoardKey, VoteService};
 use crate::error::AppResult;
+use crate::keys::VoteKeys;
 use crate::realtime::{Coalescer, CoalescerConfig, Hub, Snapshot};
 
 /// A watched board: the current bucket of one period of a poll.

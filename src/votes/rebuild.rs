@@ -22,6 +22,7 @@ use super::periods::Period;
 use super::service::{increment_of, targets};
 use crate::entities::{polls, vote_log};
 use crate::error::{AppError, AppResult};
+use crate::keys::VoteKeys;
 use crate::redis::Redis;
 
 /// Log rows read per query.

@@ -14,7 +14,9 @@ use super::periods::{self, Bucket, Period};
 use super::rules::{self, LimitScope, Rule};
 use crate::actor::Actor;
 use crate::error::{AppError, AppResult};
+use crate::keys::VoteKeys;
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 
 /// Most ballots in one `castVotes` call.
 pub const MAX_BALLOTS: usize = 50;
@@ -299,7 +301,7 @@ impl VoteService {
             retention: self.retention,
             event_prefix: &format!("{:032x}", rand::random::<u128>()),
         });
-        let mut invocation = self.redis.scripts.vote_cast.prepare_invoke();
+        let mut invocation = SCRIPTS.vote_cast.prepare_invoke();
         for key in &call.keys {
             invocation.key(key);
         }

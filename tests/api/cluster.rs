@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pulse::redis::keys::VIEW_SHARDS;
+use pulse::keys::VIEW_SHARDS;
 
 use crate::helpers::{TestApp, article_row, eventually, unique_suffix};
 use crate::likes_reads::{next_stats, watch_stats};
 use crate::views::{BROWSER, distinct_ip, flusher, record, sql_view_count, view_count};
+use pulse::keys::ViewKeys;
 
 /// Acknowledged views this long before the kill may not have reached the replica yet.
 const REPLICATION_AT_RISK: Duration = Duration::from_secs(1);

@@ -11,6 +11,7 @@ use crate::helpers::{TestApp, eventually};
 use crate::subscriptions::{
     SUBSCRIPTION, close_frame, next_message, open_socket, send, subscribed, wait_until_listening,
 };
+use pulse::keys::ArticleKeys;
 
 const SHORT: Duration = Duration::from_millis(300);
 

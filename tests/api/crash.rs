@@ -10,6 +10,7 @@ use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
 use serde_json::{Value, json};
 
 use crate::helpers::{PASSWORD, TestApp, eventually, pulse_command, test_config};
+use pulse::keys::ViewKeys;
 
 const VIEWS: usize = 50;
 
@@ -160,7 +161,7 @@ async fn batches_in_flight(config: &Config) -> usize {
         .unwrap();
     let keys = pulse::redis::Keys::new(config.redis_prefix.clone().unwrap());
     let mut in_flight = 0;
-    for shard in 0..pulse::redis::keys::VIEW_SHARDS {
+    for shard in 0..pulse::keys::VIEW_SHARDS {
         let exists: bool = redis::cmd("EXISTS")
             .arg(keys.view_shard_by_index(shard).in_flight())
             .query_async(&mut conn)

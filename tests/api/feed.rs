@@ -10,6 +10,7 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QuerySele
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, article_row, error_code, eventually};
+use pulse::keys::FeedKeys;
 
 /// Creates `n` users straight in SQL (no password hashing: they get tokens from the signer).
 pub(crate) async fn users(app: &TestApp, prefix: &str, n: usize) -> Vec<i64> {
@@ -245,7 +246,7 @@ async fn the_feed_needs_a_sign_in_and_refuses_forged_and_foreign_cursors() {
 /// Whether `user` is in `author`'s audience (fan-out reaches them).
 pub(crate) async fn in_audience(app: &TestApp, author: i64, user: i64) -> bool {
     let mut conn = redis_conn(app).await;
-    let shard = pulse::redis::keys::feed_shard(user);
+    let shard = pulse::keys::feed_shard(user);
     let score: Option<f64> = redis::cmd("ZSCORE")
         .arg(app.state.redis.keys.feed_audience(author, shard))
         .arg(user)

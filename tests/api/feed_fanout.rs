@@ -9,6 +9,7 @@ use pulse::config::Config;
 use crate::crash::{free_port, spawn_server_process};
 use crate::feed::{bulk_follow, publish, redis_conn, token, users};
 use crate::helpers::{TestApp, eventually, test_config};
+use pulse::keys::FeedKeys;
 
 const FOLLOWERS: usize = 20_000;
 const ACTIVE_EVERY: usize = 10;
@@ -163,7 +164,7 @@ async fn an_audience_is_cut_into_slices_of_one_shard_that_hold_each_follower_onc
         assert!(
             members
                 .iter()
-                .all(|&member| pulse::redis::keys::feed_shard(member) == slice.shard),
+                .all(|&member| pulse::keys::feed_shard(member) == slice.shard),
             "a slice spans shards"
         );
         sizes.push((slice.shard, members.len()));
@@ -228,7 +229,7 @@ async fn a_burst_by_one_author_travels_as_one_chunk_per_slice_and_reaches_each_i
     }
     let shards_of_readers: std::collections::BTreeSet<u32> = readers
         .iter()
-        .map(|&reader| pulse::redis::keys::feed_shard(reader))
+        .map(|&reader| pulse::keys::feed_shard(reader))
         .collect();
     let joined = |ids: &[i64]| ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     assert_eq!(

@@ -6,6 +6,8 @@
 use std::collections::{HashMap, HashSet};
 
 use pulse::entities::{articles, follows};
+use pulse::keys::FeedKeys;
+use pulse::scripts::SCRIPTS;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
@@ -120,9 +122,7 @@ async fn a_rebuild_whose_pull_predates_a_follow_starts_over_instead_of_installin
     let mut conn = redis_conn(&app).await;
 
     // A rebuild has begun and pulled the graph as it was, A alone...
-    let began: i64 = store
-        .redis
-        .scripts
+    let began: i64 = SCRIPTS
         .feed_rebuild_begin
         .key(keys.inbox())
         .key(keys.inbox_building())
@@ -137,7 +137,7 @@ async fn a_rebuild_whose_pull_predates_a_follow_starts_over_instead_of_installin
     // ...when the reader follows B and the follow's job runs.
     follow(&app, &reader_token, b).await;
     wait_for_jobs(&app).await;
-    let mut install = store.redis.scripts.feed_rebuild_install.prepare_invoke();
+    let mut install = SCRIPTS.feed_rebuild_install.prepare_invoke();
     install
         .key(keys.inbox())
         .key(keys.inbox_building())

@@ -11,6 +11,7 @@ use crate::crash::free_port;
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
 use crate::helpers::{TestApp, article_row, eventually, test_config};
 use crate::subscriptions::{Socket, connect, next_message, send};
+use pulse::keys::FeedKeys;
 
 const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title } } }";
 

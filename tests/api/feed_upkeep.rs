@@ -6,6 +6,7 @@ use crate::feed::{
     bulk_follow, feed_page, in_audience, in_inbox, publish, redis_conn, token, users,
 };
 use crate::helpers::{TestApp, eventually, pulse_command};
+use pulse::keys::FeedKeys;
 
 async fn exists(app: &TestApp, key: &str) -> bool {
     let mut conn = redis_conn(app).await;
@@ -128,7 +129,7 @@ async fn rebuild_feed_reloads_a_damaged_outbox_from_sql_and_restores_lost_audien
             app.state
                 .redis
                 .keys
-                .feed_audience(star, pulse::redis::keys::feed_shard(fan)),
+                .feed_audience(star, pulse::keys::feed_shard(fan)),
         )
         .query_async(&mut conn)
         .await

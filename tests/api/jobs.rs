@@ -79,9 +79,13 @@ impl Fixture {
     }
 
     async fn redis(&self) -> Redis {
-        Redis::connect(&redis_url(), &self.redis_prefix)
-            .await
-            .unwrap()
+        Redis::connect(
+            &redis_url(),
+            &self.redis_prefix,
+            &pulse::scripts::SCRIPTS.all(),
+        )
+        .await
+        .unwrap()
     }
 }
 

@@ -13,6 +13,7 @@ use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrde
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, article_row, error_code, eventually, test_config};
+use pulse::keys::LikeKeys;
 
 pub const LIKE: &str = "mutation($s: ID!) { like(subjectId: $s) { liked likeCount subjectId } }";
 pub const UNLIKE: &str =
@@ -261,8 +262,8 @@ async fn a_like_after_redis_forgot_the_relation_counts_once_before_and_after_arc
         .state
         .redis
         .keys
-        .like_shard(subject)
-        .relation(subject, user);
+        .like_shard(subject.id())
+        .relation(&subject.field(), user);
     let mut redis = app.state.redis.conn.clone();
 
     assert_eq!(
@@ -323,8 +324,8 @@ async fn a_count_missing_from_redis_is_read_from_sql_once_by_two_hundred_concurr
     }
     drain(&app).await;
     let subject = Subject::Article(article_row(&article));
-    let shard = app.state.redis.keys.like_shard(subject);
-    let field = pulse::redis::keys::like_field(subject);
+    let shard = app.state.redis.keys.like_shard(subject.id());
+    let field = subject.field();
     let mut redis = app.state.redis.conn.clone();
     let _: () = redis.hdel(shard.base(), &field).await.unwrap();
     let _: () = redis.hdel(shard.base_versions(), &field).await.unwrap();
@@ -710,8 +711,8 @@ async fn a_like_that_redis_counted_again_after_losing_the_archived_one_is_lost_s
         .state
         .redis
         .keys
-        .like_shard(subject)
-        .relation(subject, user);
+        .like_shard(subject.id())
+        .relation(&subject.field(), user);
     let mut redis = app.state.redis.conn.clone();
     let _: () = redis.set(&relation, "0").await.unwrap();
     let again = set_like(&app, Some(&token), &article, true).await;

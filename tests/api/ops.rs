@@ -264,13 +264,15 @@ async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcem
     );
 }
 
-/// The metric names written in the source: every `"pulse_…"` string literal under `src/`.
+/// The metric names written in the source: every `"pulse_…"` string literal under `src/` and the
+/// workspace crates' `crates/*/src/`.
 fn metric_names_in_the_source() -> std::collections::BTreeSet<String> {
     let mut names = std::collections::BTreeSet::new();
-    let mut directories = vec![std::path::PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src"
-    ))];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut directories = vec![root.join("src")];
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        directories.push(entry.unwrap().path().join("src"));
+    }
     while let Some(directory) = directories.pop() {
         for entry in std::fs::read_dir(directory).unwrap() {
             let path = entry.unwrap().path();

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pulse::keys::view_shard_of;
 use pulse::redis::Redis;
-use pulse::redis::keys::view_shard_of;
 use pulse::views::ViewFlusher;
 
 use crate::crash::SqlLock;
@@ -19,6 +19,7 @@ use crate::views::{
     BROWSER, app_behind_proxy, concurrent_views, distinct_ip, flusher, pending_entries,
     publish_one, record, sql_view_count, view_count,
 };
+use pulse::keys::ViewKeys;
 
 /// Every key under the prefix: name, DUMP payload, milliseconds left to live (0: none).
 struct Snapshot(Vec<(String, Vec<u8>, i64)>);

@@ -6,6 +6,7 @@ use pulse::views::ViewFlusher;
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, error_code, eventually, stored_article};
+use pulse::keys::ViewKeys;
 
 const RECORD: &str = "mutation($a: ID!) { recordView(articleId: $a) { counted skipReason viewCount article { id } } }";
 pub(crate) const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
@@ -296,7 +297,7 @@ async fn flushing_moves_counts_to_sql_exactly_once() {
 pub(crate) async fn pending_entries(app: &TestApp) -> i64 {
     let mut conn = app.state.redis.conn.clone();
     let mut total = 0;
-    for shard in 0..pulse::redis::keys::VIEW_SHARDS {
+    for shard in 0..pulse::keys::VIEW_SHARDS {
         let len: i64 = redis::cmd("HLEN")
             .arg(app.state.redis.keys.view_shard_by_index(shard).pending())
             .query_async(&mut conn)
@@ -502,7 +503,7 @@ async fn rebuilding_restores_counts_and_ranking_from_sql() {
 
     // Lose every cached structure (but not the pending view).
     let mut conn = app.state.redis.conn.clone();
-    for shard in 0..pulse::redis::keys::VIEW_SHARDS {
+    for shard in 0..pulse::keys::VIEW_SHARDS {
         let keys = app.state.redis.keys.view_shard_by_index(shard);
         let () = redis::pipe()
             .del(keys.base())

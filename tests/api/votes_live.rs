@@ -15,6 +15,7 @@ use crate::helpers::{TestApp, eventually};
 use crate::likes::users;
 use crate::subscriptions::{Socket, connect, next_message, send};
 use crate::votes::{admin, create_poll, row, voter};
+use pulse::keys::VoteKeys;
 
 const LIVE: &str = "subscription($p: ID!, $first: Int) {
   leaderboardChanged(pollId: $p, period: ALL_TIME, board: DISPLAY, first: $first) {

@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::helpers::{TestApp, eventually, pulse_command, redis_url};
 use crate::likes::users;
 use crate::votes::{admin, cast_at, create_poll, row};
+use pulse::keys::VoteKeys;
 
 /// Every key of the poll (boards with exact score text, HLL counts, sequence, closed flag).
 async fn poll_state(app: &TestApp, poll: i64, options: &[i64]) -> BTreeMap<String, String> {

@@ -1,5 +1,5 @@
 //! Redis access: one multiplexed, self-reconnecting connection per process for the API and one for
-//! the background jobs, the key builder and the script registry. Services take what they need from
+//! the background jobs, the key builder's shared part and the script registry. Services take what they need from
 //! [`Redis`]; nothing else opens connections, except the realtime hub's dedicated pub/sub
 //! connection. The same types serve a single server and a Redis Cluster (see [`link`]).
 
@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 
-use crate::config::redacted_url;
+use crate::bell::Bell;
+use crate::redacted_url;
 
 pub use keys::Keys;
 pub use link::{KeyScan, Link, Target};
@@ -26,12 +27,14 @@ pub struct Redis {
     pub conn: CountedConnection,
     pub keys: Keys,
     pub scripts: Arc<Scripts>,
-    /// Shared by every handle of one process (see [`Self::own_connection`]).
-    pub bell: crate::jobs::Bell,
+    /// Wakes the process's idle job workers when it queues work; shared by every handle of one
+    /// process (see [`Self::own_connection`]).
+    pub bell: Bell,
 }
 
 impl Redis {
-    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
+    /// Connects and loads the runtime's scripts and the `domains`' into Redis.
+    pub async fn connect(url: &str, prefix: &str, domains: &[&Script]) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         Keys::check_prefix(prefix).map_err(anyhow::Error::msg)?;
         let target = Target::parse(url).context("invalid REDIS_URL")?;
@@ -41,7 +44,7 @@ impl Redis {
             .with_context(|| format!("cannot connect to Redis at {}", redacted_url(url)))?;
         let scripts = Scripts::load();
         scripts
-            .preload(&mut conn)
+            .preload(domains, &mut conn)
             .await
             .context("cannot load Lua scripts into Redis")?;
         Ok(Self {
@@ -52,7 +55,7 @@ impl Redis {
             },
             keys: Keys::new(prefix),
             scripts: Arc::new(scripts),
-            bell: crate::jobs::Bell::default(),
+            bell: Bell::default(),
         })
     }
 

@@ -24,16 +24,15 @@
 //! letters and trimming below the oldest unacknowledged entry over several hash-tagged shard
 //! streams; the runtime is the few hundred lines that do, on the `redis` crate we already use.
 
-mod bell;
 mod runtime;
 mod streams;
 
 use std::collections::HashMap;
 
 use crate::redis::Redis;
-use crate::redis::keys::JobShardKeys;
+use crate::redis::keys::{JobShardKeys, Keys};
 
-pub use bell::Bell;
+pub use crate::bell::Bell;
 pub use runtime::{JobRuntime, JobSettings};
 pub use streams::{StreamStatus, enqueue, retry_dead, status, trim};
 
@@ -50,29 +49,15 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
-    pub(crate) fn keys(self, redis: &Redis, shard: u32) -> JobShardKeys<'_> {
+    /// Shard `shard`'s keys under `redis`' prefix.
+    pub fn keys(self, redis: &Redis, shard: u32) -> JobShardKeys<'_> {
         self.keys_in(&redis.keys, shard)
     }
 
     /// Shard `shard`'s keys under `keys`' prefix.
-    pub fn keys_in(self, keys: &crate::redis::Keys, shard: u32) -> JobShardKeys<'_> {
+    pub fn keys_in(self, keys: &Keys, shard: u32) -> JobShardKeys<'_> {
         keys.job_shard(self.name, self.tag, shard)
     }
-}
-
-/// Every job the binary runs, for `pulse jobs status` and `pulse jobs retry-dead`. A domain adds
-/// its job's `SPEC` here when it adds the job.
-pub const REGISTRY: &[JobSpec] = &[
-    crate::likes::archive::SPEC,
-    crate::votes::archive::SPEC,
-    crate::feed::dispatch::SPEC,
-    crate::feed::fanout::SPEC,
-    crate::feed::follow_sync::SPEC,
-];
-
-/// A job from [`REGISTRY`] by name.
-pub fn registered(name: &str) -> Option<JobSpec> {
-    REGISTRY.iter().copied().find(|spec| spec.name == name)
 }
 
 /// One stream entry as a handler sees it.

@@ -76,7 +76,7 @@ impl AppError {
             Self::DocumentNotTrusted(_) => "DOCUMENT_NOT_TRUSTED",
             // The client did not send its body in time: its request to fix, like any other.
             Self::BodyTimeout(_) => "BAD_USER_INPUT",
-            Self::Database(err) if crate::db::transient(err).is_some() => "UNAVAILABLE",
+            Self::Database(err) if crate::sql::transient(err).is_some() => "UNAVAILABLE",
             Self::Redis(err) if crate::redis::link::is_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
             Self::Shared(err) => err.code(),

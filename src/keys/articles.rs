@@ -1,0 +1,34 @@
+//! Articles: the live channels of publications and of an article's counters.
+
+use super::Keys;
+
+pub trait ArticleKeys {
+    /// Pub/sub channel announcing newly published articles.
+    fn articles_published_channel(&self) -> String;
+
+    /// Pub/sub channel told whenever one of an article's counters (views, likes, comments) moves.
+    fn article_stats_channel(&self, article: i64) -> String;
+}
+
+impl ArticleKeys for Keys {
+    fn articles_published_channel(&self) -> String {
+        format!("{}events:articles:published", self.prefix())
+    }
+
+    fn article_stats_channel(&self, article: i64) -> String {
+        format!("{}events:article-stats:{article}", self.prefix())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_carry_the_prefix() {
+        let keys = Keys::new("t1:");
+        assert!(keys.articles_published_channel().starts_with("t1:"));
+        assert!(keys.article_stats_channel(4).starts_with("t1:"));
+        assert_ne!(keys.article_stats_channel(4), keys.article_stats_channel(5));
+    }
+}

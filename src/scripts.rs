@@ -1,0 +1,85 @@
+//! The domains' Lua scripts, compiled into the binary from `lua/` and invoked by name; the job
+//! runtime keeps its own (`pulse_runtime::redis::Scripts`), and `Redis::connect` loads both.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Compiled once per process; a `Script` is its text and its SHA-1, the same for every connection.
+pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(Scripts::load);
+
+pub struct Scripts {
+    /// Fixed-window counter: see `lua/rate_limit.lua`.
+    pub rate_limit: Script,
+    /// Dedup + count + rank one article view: see `lua/record_view.lua`.
+    pub record_view: Script,
+    /// First step of a view flush: see `lua/view_flush_take.lua`.
+    pub view_flush_take: Script,
+    /// Last step of a view flush: see `lua/view_flush_clear.lua`.
+    pub view_flush_clear: Script,
+    /// Repair of a shard whose Redis is behind SQL: see `lua/view_flush_repair.lua`.
+    pub view_flush_repair: Script,
+    /// Like or unlike, with its archive event: see `lua/like_set.lua`.
+    pub like_set: Script,
+    /// Archived like events settled in Redis: see `lua/like_settle.lua`.
+    pub like_settle: Script,
+    /// An article's featured comments replaced under its lease: see `lua/featured_store.lua`.
+    pub featured_store: Script,
+    /// One voter's ballots in one poll, all or nothing each: see `lua/vote_cast.lua`.
+    pub vote_cast: Script,
+    /// One article into one follower's timeline: see `lua/feed_deliver.lua`.
+    pub feed_deliver: Script,
+    /// One page of a timeline from its inbox: see `lua/feed_read.lua`.
+    pub feed_read: Script,
+    /// A missing inbox's rebuild started under a lock: see `lua/feed_rebuild_begin.lua`.
+    pub feed_rebuild_begin: Script,
+    /// A rebuilt inbox renamed in: see `lua/feed_rebuild_install.lua`.
+    pub feed_rebuild_install: Script,
+    /// Articles into an author's outbox: see `lua/feed_outbox_add.lua`.
+    pub feed_outbox_add: Script,
+    /// A followee's articles merged into (or taken out of) an inbox: see `lua/feed_merge.lua`.
+    pub feed_merge: Script,
+}
+
+impl Scripts {
+    pub fn load() -> Self {
+        Self {
+            rate_limit: Script::new(include_str!("../lua/rate_limit.lua")),
+            record_view: Script::new(include_str!("../lua/record_view.lua")),
+            view_flush_take: Script::new(include_str!("../lua/view_flush_take.lua")),
+            view_flush_clear: Script::new(include_str!("../lua/view_flush_clear.lua")),
+            view_flush_repair: Script::new(include_str!("../lua/view_flush_repair.lua")),
+            like_set: Script::new(include_str!("../lua/like_set.lua")),
+            like_settle: Script::new(include_str!("../lua/like_settle.lua")),
+            featured_store: Script::new(include_str!("../lua/featured_store.lua")),
+            vote_cast: Script::new(include_str!("../lua/vote_cast.lua")),
+            feed_deliver: Script::new(include_str!("../lua/feed_deliver.lua")),
+            feed_read: Script::new(include_str!("../lua/feed_read.lua")),
+            feed_rebuild_begin: Script::new(include_str!("../lua/feed_rebuild_begin.lua")),
+            feed_rebuild_install: Script::new(include_str!("../lua/feed_rebuild_install.lua")),
+            feed_outbox_add: Script::new(include_str!("../lua/feed_outbox_add.lua")),
+            feed_merge: Script::new(include_str!("../lua/feed_merge.lua")),
+        }
+    }
+
+    /// Every script, for the registry to load at start-up (`Redis::connect`).
+    pub fn all(&self) -> [&Script; 15] {
+        [
+            &self.rate_limit,
+            &self.record_view,
+            &self.view_flush_take,
+            &self.view_flush_clear,
+            &self.view_flush_repair,
+            &self.like_set,
+            &self.like_settle,
+            &self.featured_store,
+            &self.vote_cast,
+            &self.feed_deliver,
+            &self.feed_read,
+            &self.feed_rebuild_begin,
+            &self.feed_rebuild_install,
+            &self.feed_outbox_add,
+            &self.feed_merge,
+        ]
+    }
+}
