@@ -222,7 +222,13 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: "pulse_like_events_unchanged_total",
         kind: MetricKind::Counter,
-        help: "Like events the archive already held (re-deliveries), skipped",
+        help: "Like events that changed nothing in SQL because Redis had lost state SQL holds",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_like_events_late_total",
+        kind: MetricKind::Counter,
+        help: "Like events archived after newer ones of their relation (a dead consumer's, taken over); they change nothing",
         initial: NO_LABELS,
     },
     Metric {

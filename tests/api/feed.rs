@@ -9,7 +9,7 @@ use pulse::graphql::ids::{self, NodeType};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, article_row, error_code};
+use crate::helpers::{TestApp, article_row, error_code, eventually};
 
 /// Creates `n` users straight in SQL (no password hashing: they get tokens from the signer).
 pub(crate) async fn users(app: &TestApp, prefix: &str, n: usize) -> Vec<i64> {
@@ -169,17 +169,6 @@ pub(crate) async fn whole_feed(app: &TestApp, token: &str, page_size: i32) -> Ve
             return ids;
         }
         after = page.end_cursor;
-    }
-}
-
-pub(crate) async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -3,9 +3,9 @@
 use sea_orm::EntityTrait;
 
 use crate::feed::{
-    bulk_follow, eventually, feed_page, in_audience, in_inbox, publish, redis_conn, token, users,
+    bulk_follow, feed_page, in_audience, in_inbox, publish, redis_conn, token, users,
 };
-use crate::helpers::{TestApp, pulse_command};
+use crate::helpers::{TestApp, eventually, pulse_command};
 
 async fn exists(app: &TestApp, key: &str) -> bool {
     let mut conn = redis_conn(app).await;

@@ -6,7 +6,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually};
 
 pub type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -84,7 +84,7 @@ pub async fn close_frame(socket: &mut Socket) -> CloseFrame {
 pub async fn wait_until_listening(app: &TestApp) {
     let channel = app.state.redis.keys.articles_published_channel();
     let mut conn = app.state.redis.conn.clone();
-    for _ in 0..200 {
+    eventually("the subscription reaches Redis", async || {
         let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)
@@ -92,12 +92,9 @@ pub async fn wait_until_listening(app: &TestApp) {
             .await
             .unwrap()
             .remove(0);
-        if subscribers > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the subscription never reached Redis");
+        subscribers > 0
+    })
+    .await;
 }
 
 pub const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
@@ -179,13 +176,10 @@ async fn subscribers_of_one_process_share_one_redis_subscription() {
         sockets.push(subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await);
     }
     let channel = app.state.redis.keys.articles_published_channel();
-    for _ in 0..200 {
-        if app.state.hub.local_subscribers(&channel) == 5 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(app.state.hub.local_subscribers(&channel), 5);
+    eventually("the five subscribers are counted", async || {
+        app.state.hub.local_subscribers(&channel) == 5
+    })
+    .await;
 
     app.publish(&token, "to everyone").await;
     for socket in &mut sockets {
@@ -205,13 +199,10 @@ async fn subscribers_of_one_process_share_one_redis_subscription() {
     assert_eq!(counts[0].1, 1, "one Redis subscription per process");
 
     drop(sockets);
-    for _ in 0..200 {
-        if app.state.hub.local_subscribers(&channel) == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("closed subscriptions were not released");
+    eventually("closed subscriptions are released", async || {
+        app.state.hub.local_subscribers(&channel) == 0
+    })
+    .await;
 }
 
 #[tokio::test]
