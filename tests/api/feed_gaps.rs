@@ -11,10 +11,9 @@ use rand::{Rng as _, SeedableRng as _};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use crate::feed::{
-    eventually, follow, in_inbox, publish, redis_conn, stored_articles, token, unfollow, users,
-    whole_feed,
+    follow, in_inbox, publish, redis_conn, stored_articles, token, unfollow, users, whole_feed,
 };
-use crate::helpers::{TestApp, pulse_command};
+use crate::helpers::{TestApp, eventually, pulse_command};
 
 /// The feed as SQL has it: the articles of the authors `reader` follows now, newest first.
 async fn sql_answer(app: &TestApp, reader: i64) -> Vec<i64> {
