@@ -3,7 +3,8 @@
 -- never fanned out), `pulse rebuild feed`'s repair.
 --
 -- The inbox holds every article of the reader's followees from its floor up (see
--- `feed_read.lua`: the anchor member `0` scored -(floor + 1), or 0 for "the lowest member").
+-- `feed_read.lua`: the anchor member `0` scored -(floor + 1); one scored 0 predates floors and is
+-- left to the rebuild its next read does).
 -- Added ids are exact from their own floor up, so the inbox's floor rises to the higher of the
 -- two, and what lies below it leaves: a backfill that could not take all of a followee's articles
 -- above the old floor leaves reads below the new one to SQL, never a hole. Trimming to the cap
@@ -20,7 +21,7 @@
 -- ARGV[3] floor of the ids (add: 0 when they are the followee's whole history)
 -- ARGV[4..] article ids
 -- Returns 1 when the inbox was changed, 2 when a rebuild was sent back to start, 0 when the
--- reader has neither (inactive: nothing to do).
+-- reader has neither (inactive: nothing to do) or an inbox that predates floors.
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
   if redis.call('DEL', KEYS[2]) == 1 then
@@ -36,15 +37,11 @@ if ARGV[1] == 'remove' then
   return 1
 end
 
-local head = redis.call('ZRANGE', KEYS[1], 0, 1, 'WITHSCORES')
-local anchor = tonumber(head[2])
-local floor
-if anchor < 0 then
-  floor = -anchor - 1
-else
-  floor = tonumber(head[3] or '4503599627370496')
+local anchor = tonumber(redis.call('ZSCORE', KEYS[1], 0) or '0')
+if anchor >= 0 then
+  return 0
 end
-floor = math.max(floor, tonumber(ARGV[3]))
+local floor = math.max(-anchor - 1, tonumber(ARGV[3]))
 
 for i = 4, #ARGV, 500 do
   local args = {}

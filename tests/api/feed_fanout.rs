@@ -32,14 +32,14 @@ async fn inboxes(app: &TestApp, users: &[i64], article: i64) -> (usize, usize) {
     (holding, existing)
 }
 
-/// Makes `users` active as a read does: their inboxes exist (the anchor only), and they are in the
-/// audience of `author`, whom they follow.
+/// Makes `users` active as a read does while `author`, whom they follow, has published nothing:
+/// their inboxes exist (the anchor only, floor 0), and they are in the author's audience.
 async fn activate(app: &TestApp, users: &[i64], author: i64) {
     let mut conn = redis_conn(app).await;
     let mut pipe = redis::pipe();
     for &user in users {
         let inbox = app.state.redis.keys.feed_user(user).inbox();
-        pipe.zadd(&inbox, 0, 0)
+        pipe.zadd(&inbox, 0, -1)
             .ignore()
             .expire(&inbox, 3600)
             .ignore();

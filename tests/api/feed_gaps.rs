@@ -321,3 +321,33 @@ async fn random_histories_of_publishes_follows_celebrities_and_expiries_leave_ev
         random_history(seed, 300).await;
     }
 }
+
+#[tokio::test]
+async fn an_inbox_written_before_floors_were_kept_is_rebuilt_by_its_next_read() {
+    let app = TestApp::spawn().await;
+    let people = users(&app, "legacy", 2).await;
+    let (reader, author) = (people[0], people[1]);
+    crate::feed::bulk_follow(&app, &[reader], author).await;
+    let mut posts = stored_articles(&app, author, 3).await;
+    posts.reverse();
+    // The old format: the anchor scored 0, and the inbox taken as exact down to its lowest item.
+    let inbox = app.state.redis.keys.feed_user(reader).inbox();
+    let mut conn = redis_conn(&app).await;
+    let () = redis::pipe()
+        .zadd(&inbox, 0, 0)
+        .ignore()
+        .zadd(&inbox, posts[0], posts[0])
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    assert_eq!(whole_feed(&app, &token(&app, reader), 1).await, posts);
+    let anchor: f64 = redis::cmd("ZSCORE")
+        .arg(&inbox)
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(anchor, -1.0, "the rebuilt inbox holds the whole history");
+}
