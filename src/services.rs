@@ -19,7 +19,7 @@ use crate::documents::DocumentStore;
 use crate::feed::publications::Relay;
 use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
-use crate::jobs::{Job, JobRuntime, JobSettings, JobSpec};
+use crate::jobs::{Handler, JobRuntime, JobSettings, JobSpec};
 use crate::likes::featured::FeaturedComments;
 use crate::likes::stats::{ArticleStatsService, StatsWorkers};
 use crate::likes::{CommentService, LikeArchiver, LikeService};
@@ -188,7 +188,7 @@ impl Services {
                 .await
                 .context("cannot open the background jobs' Redis connection")?;
             let feed_store = feed_store.with_redis(redis.clone());
-            let jobs: Vec<Arc<dyn Job>> = vec![
+            let jobs: Vec<Arc<dyn Handler>> = vec![
                 Arc::new(LikeArchiver::new(
                     db.clone(),
                     redis.clone(),
@@ -202,7 +202,9 @@ impl Services {
                 Arc::new(crate::feed::follow_sync::FollowSync(feed_store)),
             ];
             anyhow::ensure!(
-                jobs.iter().map(|job| job.spec()).eq(JOBS.iter().copied()),
+                jobs.iter()
+                    .map(|job| job.job_spec())
+                    .eq(JOBS.iter().copied()),
                 "the jobs started are not the jobs of services::JOBS"
             );
             workers

@@ -5,8 +5,6 @@
 //! `PULSE_FEED_FOLLOW_BACKFILL`) in the inbox and the follower in their audience, one not followed
 //! has neither. Until the job ran, reads filter by `follows` anyway.
 
-use anyhow::{Context as _, anyhow};
-
 use super::FeedStore;
 use crate::jobs::{Entry, Job, JobSpec};
 use crate::keys::FeedKeys;
@@ -16,6 +14,13 @@ pub const SPEC: JobSpec = JobSpec {
     shards: 4,
     tag: "fw",
 };
+
+/// A follow or unfollow that changed the graph, as `FeedService` queues it.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FollowChange {
+    pub follower: i64,
+    pub followee: i64,
+}
 
 /// The shard of a follower's follow changes: one user's changes stay in order.
 pub fn shard_of(follower: i64) -> u32 {
@@ -74,21 +79,41 @@ impl FollowSync {
 
 #[async_trait::async_trait]
 impl Job for FollowSync {
+    type Payload = FollowChange;
+
     fn spec(&self) -> JobSpec {
         SPEC
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+    async fn handle(&self, batch: &[Entry<FollowChange>]) -> anyhow::Result<()> {
         for entry in batch {
-            let number = |name: &str| -> anyhow::Result<i64> {
-                entry
-                    .field(name)
-                    .ok_or_else(|| anyhow!("follow change {} has no {name}", entry.id))?
-                    .parse()
-                    .with_context(|| format!("follow change {} has a malformed {name}", entry.id))
-            };
-            self.sync(number("follower")?, number("followee")?).await?;
+            self.sync(entry.payload.follower, entry.payload.followee)
+                .await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FollowChange;
+
+    /// The fields as they were queued before the payload became typed still decode.
+    #[test]
+    fn a_follow_change_written_the_old_way_decodes() {
+        let old: crate::jobs::Fields = [("follower", "12"), ("followee", "5")]
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+        let change: FollowChange = crate::jobs::fields::from_fields(&old).unwrap();
+        assert_eq!(
+            change,
+            FollowChange {
+                follower: 12,
+                followee: 5
+            }
+        );
+        let written = crate::jobs::fields::to_fields(&change).unwrap();
+        assert_eq!(written.into_iter().collect::<crate::jobs::Fields>(), old);
     }
 }

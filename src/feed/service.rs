@@ -102,14 +102,10 @@ impl FeedService {
     /// The graph in SQL changed already; a lost sync job only leaves an inbox that reads filter
     /// (unfollow) or that lacks a backfill until it is rebuilt (follow).
     async fn queue_sync(&self, follower: i64, followee: i64) {
-        let fields = [
-            ("follower", follower.to_string()),
-            ("followee", followee.to_string()),
-        ];
-        let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let change = follow_sync::FollowChange { follower, followee };
         let shard = follow_sync::shard_of(follower);
         if let Err(err) =
-            crate::jobs::enqueue(&self.store.redis, follow_sync::SPEC, shard, &fields).await
+            crate::jobs::enqueue(&self.store.redis, follow_sync::SPEC, shard, &change).await
         {
             tracing::warn!(error = %err, follower, followee, "follow change not queued for the feed");
         }

@@ -23,7 +23,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{anyhow, bail};
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use sea_orm::sea_query::{Expr, ExprTrait as _, OnConflict};
@@ -51,6 +51,19 @@ pub const SPEC: JobSpec = JobSpec {
 /// Rows per multi-row statement.
 const CHUNK: usize = 200;
 
+/// A like event's fields, as `lua/like_set.lua` appends them.
+#[derive(Debug, serde::Deserialize)]
+pub struct LikeEntry {
+    event: String,
+    user: i64,
+    kind: i16,
+    subject: i64,
+    liked: bool,
+    seq: i64,
+    /// Milliseconds since the epoch.
+    at: i64,
+}
+
 /// One like or unlike as the like script appended it.
 #[derive(Clone, Debug)]
 struct Event {
@@ -65,38 +78,22 @@ struct Event {
 }
 
 impl Event {
-    fn parse(entry: &Entry) -> anyhow::Result<Self> {
-        let field = |name: &str| {
-            entry
-                .field(name)
-                .ok_or_else(|| anyhow!("like event {} has no {name}", entry.id))
-        };
-        let number = |name: &str| -> anyhow::Result<i64> {
-            field(name)?
-                .parse()
-                .with_context(|| format!("like event {} has a malformed {name}", entry.id))
-        };
-        let id = field("event")?;
-        if id.is_empty() || id.len() > 32 {
+    fn parse(entry: &Entry<LikeEntry>) -> anyhow::Result<Self> {
+        let fields = &entry.payload;
+        if fields.event.is_empty() || fields.event.len() > 32 {
             bail!("like event {} has a malformed event id", entry.id);
         }
-        let kind = i16::try_from(number("kind")?)?;
-        let subject = Subject::from_kind_code(kind, number("subject")?)
+        let subject = Subject::from_kind_code(fields.kind, fields.subject)
             .ok_or_else(|| anyhow!("like event {} has an unknown subject kind", entry.id))?;
-        let liked = match field("liked")? {
-            "1" => true,
-            "0" => false,
-            other => bail!("like event {} has liked = {other:?}", entry.id),
-        };
-        let at = DateTime::from_timestamp_millis(number("at")?)
+        let at = DateTime::from_timestamp_millis(fields.at)
             .ok_or_else(|| anyhow!("like event {} has a malformed time", entry.id))?;
         Ok(Self {
             entry: entry.id.clone(),
-            id: id.to_owned(),
-            user: number("user")?,
+            id: fields.event.clone(),
+            user: fields.user,
             subject,
-            liked,
-            seq: number("seq")?,
+            liked: fields.liked,
+            seq: fields.seq,
             at,
         })
     }
@@ -340,11 +337,13 @@ impl LikeArchiver {
 
 #[async_trait::async_trait]
 impl Job for LikeArchiver {
+    type Payload = LikeEntry;
+
     fn spec(&self) -> JobSpec {
         SPEC
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+    async fn handle(&self, batch: &[Entry<LikeEntry>]) -> anyhow::Result<()> {
         let Some(shard) = batch.first().map(|entry| entry.shard) else {
             return Ok(());
         };
@@ -475,18 +474,22 @@ mod tests {
         assert_eq!(date_key(at, chrono_tz::Asia::Shanghai), 20261124);
     }
 
-    fn entry(fields: &[(&str, &str)]) -> Entry {
-        Entry {
+    /// An event as the runtime reads it from the stream, decoded as the job does.
+    fn parse(fields: &[(&str, &str)]) -> anyhow::Result<Event> {
+        let entry = Entry {
             shard: 3,
             id: "1-0".into(),
-            fields: fields
+            payload: fields
                 .iter()
                 .map(|(name, value)| (name.to_string(), value.to_string()))
                 .collect(),
             deliveries: 1,
-        }
+        };
+        Event::parse(&entry.decode()?)
     }
 
+    /// The fields in the order and form `lua/like_set.lua` has always written them, so entries
+    /// already in the streams when the payload became typed still decode.
     #[test]
     fn events_parse_and_malformed_ones_are_refused() {
         let good = [
@@ -498,7 +501,7 @@ mod tests {
             ("seq", "4"),
             ("at", "1763900000000"),
         ];
-        let event = Event::parse(&entry(&good)).unwrap();
+        let event = parse(&good).unwrap();
         assert_eq!(event.subject, Subject::Comment(19));
         assert!(event.liked);
         for (name, bad) in [
@@ -511,8 +514,8 @@ mod tests {
                 .iter()
                 .map(|&(field, value)| (field, if field == name { bad } else { value }))
                 .collect();
-            assert!(Event::parse(&entry(&fields)).is_err(), "{name} = {bad}");
+            assert!(parse(&fields).is_err(), "{name} = {bad}");
         }
-        assert!(Event::parse(&entry(&good[1..])).is_err());
+        assert!(parse(&good[1..]).is_err());
     }
 }
