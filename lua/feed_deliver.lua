@@ -8,14 +8,14 @@
 -- drops someone whose inbox is being built.
 --
 -- Idempotent: an article already in an inbox changes nothing and is not announced again. Trims to
--- the cap on every write; trimming drops the "no more" sentinel, since SQL then holds items the
--- inbox does not. Announces an article on the follower's channel only when it was added, stayed
--- within the cap, and the follower is online.
+-- the cap on every write; a trim raises the inbox's floor (see `feed_read.lua`) to its lowest
+-- member kept, since SQL then holds items the inbox does not. Announces an article on the
+-- follower's channel only when it was added, stayed within the cap, and the follower is online.
 --
 -- KEYS[1]        the author's audience in this shard (sorted set of follower ids)
--- KEYS[4i-2..4i+1] follower i's inbox (sorted set: anchor member 0 plus up to cap article ids,
---                score = id), inbox being rebuilt (receives the articles when the inbox does not
---                exist yet), no-more sentinel, online marker
+-- KEYS[3i-1..3i+1] follower i's inbox (sorted set: the anchor member 0, scored -(floor + 1), plus
+--                up to cap article ids, score = id), inbox being rebuilt (receives the articles
+--                when the inbox does not exist yet), online marker
 -- ARGV[1] cap
 -- ARGV[2] n, the number of articles
 -- ARGV[3..2+n] article ids
@@ -27,8 +27,8 @@ local cap = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local added, announced, dropped = 0, 0, 0
 
-for f = 1, (#KEYS - 1) / 4 do
-  local base = 4 * (f - 1) + 1
+for f = 1, (#KEYS - 1) / 3 do
+  local base = 3 * (f - 1) + 1
   local target = KEYS[base + 1]
   if redis.call('EXISTS', target) == 0 then
     target = KEYS[base + 2]
@@ -46,7 +46,11 @@ for f = 1, (#KEYS - 1) / 4 do
     -- All but the anchor (rank 0) and the newest cap go: usually nothing.
     local trimmed = #new > 0 and redis.call('ZREMRANGEBYRANK', target, 1, -(cap + 1)) or 0
     if trimmed > 0 then
-      redis.call('DEL', KEYS[base + 3])
+      local head = redis.call('ZRANGE', target, 0, 1, 'WITHSCORES')
+      local anchor, lowest = tonumber(head[2]), tonumber(head[3])
+      if anchor < 0 and lowest and lowest > -anchor - 1 then
+        redis.call('ZADD', target, string.format('%d', -lowest - 1), 0)
+      end
       local kept = {}
       for _, id in ipairs(new) do
         if redis.call('ZSCORE', target, id) then
@@ -57,7 +61,7 @@ for f = 1, (#KEYS - 1) / 4 do
     end
     added = added + #new
     local channel = ARGV[2 + n + 2 * f]
-    if #new > 0 and channel ~= '' and redis.call('EXISTS', KEYS[base + 4]) == 1 then
+    if #new > 0 and channel ~= '' and redis.call('EXISTS', KEYS[base + 3]) == 1 then
       for _, id in ipairs(new) do
         redis.call('PUBLISH', channel, id)
       end

@@ -5,11 +5,19 @@
 #
 #   bash scripts/test-all.sh                  # sqlite, postgres, mysql, cluster
 #   bash scripts/test-all.sh sqlite postgres  # only these backends
+#   bash scripts/test-all.sh --no-setup       # never install or start anything (PULSE_TEST_SETUP=0)
 #
 # Needs Redis at PULSE_TEST_REDIS_URL, PostgreSQL at PULSE_TEST_POSTGRES_URL and MariaDB at
-# PULSE_TEST_MYSQL_URL (defaults below; `.ci/run` installs and starts all three). The cluster
-# backend uses PULSE_TEST_CLUSTER_URL; left unset, it starts a local six-node cluster itself
-# (scripts/redis-cluster.sh, ports 7000-7005, or from PULSE_CLUSTER_BASE_PORT).
+# PULSE_TEST_MYSQL_URL (defaults below). The cluster backend uses PULSE_TEST_CLUSTER_URL; left
+# unset, it starts a local six-node cluster itself (scripts/redis-cluster.sh, ports 7000-7005, or
+# from PULSE_CLUSTER_BASE_PORT).
+#
+# Set-up: when a server a chosen backend needs is at its default loopback address but does not
+# answer there (or its client or the C compiler is missing), the script runs `.ci/run tools
+# services` first, as root: on Debian that installs with apt what is missing (redis-server,
+# postgresql, mariadb-server, their clients, build-essential) and starts Redis, the local Redis
+# Cluster, PostgreSQL and MariaDB, leaving alone whatever already runs. Not root, it says what to
+# run instead and goes on; servers given by URL elsewhere are the caller's to run.
 # Every backend runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -euo pipefail
 
@@ -28,9 +36,18 @@ PULSE_TEST_CLUSTER_URL="${PULSE_TEST_CLUSTER_URL:-redis+cluster://127.0.0.1:$clu
 # and no one else's.
 export PULSE_TEST_RUN="${PULSE_TEST_RUN:-$(date +%s)$$}"
 
-if [[ $# -gt 0 ]]; then
-    backends=("$@")
-else
+case ${PULSE_TEST_SETUP:-1} in
+    0 | false | no | off) setup=0 ;;
+    *) setup=1 ;;
+esac
+backends=()
+for arg in "$@"; do
+    case "$arg" in
+        --no-setup) setup=0 ;;
+        *) backends+=("$arg") ;;
+    esac
+done
+if [[ ${#backends[@]} -eq 0 ]]; then
     backends=(sqlite postgres mysql cluster)
 fi
 # Only the cluster backend runs without the single Redis.
@@ -168,11 +185,59 @@ check_server() {
     esac
 }
 
+# Whether something accepts TCP connections on 127.0.0.1:$1 (needs no client tools).
+port_open() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+# What the chosen backends need that is missing at its default address, one word each (empty
+# when nothing is). A server given by another URL is not this script's to set up.
+missing_locally() {
+    local missing=() backend
+    have cc || missing+=(compiler)
+    if ((needs_redis)) && [[ $PULSE_TEST_REDIS_URL == redis://127.0.0.1:6379 ]]; then
+        { have redis-cli && port_open 6379; } || missing+=(redis)
+    fi
+    for backend in "${backends[@]}"; do
+        case "$backend" in
+            postgres)
+                [[ $PULSE_TEST_POSTGRES_URL == postgres://postgres@127.0.0.1:5432/test ]] &&
+                    ! { have psql && port_open 5432; } && missing+=(postgresql)
+                ;;
+            mysql)
+                [[ $PULSE_TEST_MYSQL_URL == mysql://root@127.0.0.1:3306/test ]] &&
+                    ! { have mariadb && port_open 3306; } && missing+=(mariadb)
+                ;;
+            cluster)
+                [[ -z $CLUSTER_URL_GIVEN ]] && ! have redis-server && missing+=(redis-server)
+                ;;
+        esac
+    done
+    echo "${missing[*]}"
+}
+
+# Installs and starts what the chosen backends lack, through the CI script's own steps.
+set_up() {
+    ((setup)) || return 0
+    local missing
+    missing=$(missing_locally)
+    [[ -n $missing ]] || return 0
+    header "set-up: missing or not running: $missing"
+    if ((EUID != 0)); then
+        echo "not root, so nothing is installed or started: run 'sudo bash .ci/run tools services'" \
+            "(Debian), or start the servers yourself; --no-setup skips this check" >&2
+        return 0
+    fi
+    bash .ci/run tools services
+}
+
 start_cluster() {
     [[ -z $CLUSTER_URL_GIVEN ]] || return 0
     bash scripts/redis-cluster.sh start ||
         { echo "cannot start the local Redis Cluster (bash scripts/redis-cluster.sh start)" >&2; return 1; }
 }
+
+set_up
 
 header "build (tests of the whole workspace)"
 cargo test --workspace --no-run

@@ -37,6 +37,8 @@ pub struct Scripts {
     pub feed_rebuild_install: Script,
     /// Articles into an author's outbox: see `lua/feed_outbox_add.lua`.
     pub feed_outbox_add: Script,
+    /// A followee's articles merged into (or taken out of) an inbox: see `lua/feed_merge.lua`.
+    pub feed_merge: Script,
 }
 
 impl Scripts {
@@ -56,11 +58,12 @@ impl Scripts {
             feed_rebuild_begin: Script::new(include_str!("../lua/feed_rebuild_begin.lua")),
             feed_rebuild_install: Script::new(include_str!("../lua/feed_rebuild_install.lua")),
             feed_outbox_add: Script::new(include_str!("../lua/feed_outbox_add.lua")),
+            feed_merge: Script::new(include_str!("../lua/feed_merge.lua")),
         }
     }
 
     /// Every script, for the registry to load at start-up (`Redis::connect`).
-    pub fn all(&self) -> [&Script; 14] {
+    pub fn all(&self) -> [&Script; 15] {
         [
             &self.rate_limit,
             &self.record_view,
@@ -76,6 +79,7 @@ impl Scripts {
             &self.feed_rebuild_begin,
             &self.feed_rebuild_install,
             &self.feed_outbox_add,
+            &self.feed_merge,
         ]
     }
 }

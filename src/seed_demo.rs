@@ -256,7 +256,7 @@ async fn seed(backends: &Backends, services: &Services) -> anyhow::Result<Summar
         })
         .chain([CELEBRITY, WRITERS[0], WRITERS[1]].map(|followee| (id_of(ADMIN), id_of(followee))));
     for (follower, followee) in follows {
-        services.feed.follow(&actor(follower), followee).await?;
+        services.follows.follow(&actor(follower), followee).await?;
         summary.follows += 1;
     }
 

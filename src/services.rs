@@ -13,22 +13,23 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounts::{AccountService, TokenSigner};
-use crate::articles::ArticleService;
+use crate::articles::stats::StatsWorkers;
+use crate::articles::{ArticleService, ArticleStatsService};
 use crate::config::Config;
 use crate::documents::DocumentStore;
+use crate::feed::follow_sync::FollowHook;
 use crate::feed::publications::Relay;
 use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
 use crate::jobs::{Handler, JobRuntime, JobSettings, JobSpec};
-use crate::likes::featured::FeaturedComments;
-use crate::likes::stats::{ArticleStatsService, StatsWorkers};
+use crate::likes::featured::FeaturedCommentService;
 use crate::likes::{CommentService, LikeArchiver, LikeService};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::views::crawler::CrawlerDetector;
 use crate::views::{ViewFlusher, ViewService};
 use crate::votes::live::LiveWorkers;
-use crate::votes::{LiveBoards, PollAdmin, PollConfigs, VoteArchiver, VoteService};
+use crate::votes::{LiveBoardService, PollAdminService, PollConfigs, VoteArchiver, VoteService};
 
 /// Every job the binary runs, in the order [`Services::start`] starts them (it refuses to start
 /// otherwise): `pulse jobs status` and `pulse jobs retry-dead` read this list, and every job
@@ -61,7 +62,8 @@ pub struct Workers<'a> {
     pub shutdown: &'a CancellationToken,
 }
 
-/// The service layer, shared by every request.
+/// The service layer, shared by every request. Each member is a `<Thing>Service`, the one word for
+/// what resolvers and commands call; the stores, caches and jobs behind them keep their own names.
 #[derive(Clone)]
 pub struct Services {
     pub accounts: AccountService,
@@ -69,11 +71,11 @@ pub struct Services {
     pub views: ViewService,
     pub likes: LikeService,
     pub comments: CommentService,
-    pub featured: FeaturedComments,
+    pub featured: FeaturedCommentService,
     pub stats: ArticleStatsService,
     pub votes: VoteService,
-    pub polls: PollAdmin,
-    pub live_boards: LiveBoards,
+    pub polls: PollAdminService,
+    pub live_boards: LiveBoardService,
     pub follows: FollowService,
     pub feed: FeedService,
     pub documents: DocumentStore,
@@ -100,13 +102,9 @@ impl Services {
             FeedStore::new(db.clone(), redis.clone(), FeedSettings::from_config(config));
         let relay = Relay::new(feed_store.clone());
         let articles = ArticleService::new(db.clone(), redis.clone(), hub.clone(), relay.clone());
-        let follows = FollowService::new(db.clone());
-        let feed = FeedService::new(
-            feed_store.clone(),
-            follows.clone(),
-            tokens.clone(),
-            hub.clone(),
-        );
+        let follows =
+            FollowService::new(db.clone()).with_listener(Arc::new(FollowHook(feed_store.clone())));
+        let feed = FeedService::new(feed_store.clone(), tokens.clone(), hub.clone());
         let views = ViewService::new(
             db.clone(),
             redis.clone(),
@@ -139,8 +137,9 @@ impl Services {
             poll_configs.clone(),
             config.vote_bucket_retention,
         );
-        let polls = PollAdmin::new(db.clone(), redis.clone(), accounts.clone(), poll_configs);
-        let live_boards = LiveBoards::new(
+        let polls =
+            PollAdminService::new(db.clone(), redis.clone(), accounts.clone(), poll_configs);
+        let live_boards = LiveBoardService::new(
             votes.clone(),
             LiveWorkers {
                 hub,
@@ -158,7 +157,7 @@ impl Services {
             views,
             likes,
             stats,
-            featured: FeaturedComments::new(
+            featured: FeaturedCommentService::new(
                 redis.clone(),
                 comments.clone(),
                 config.featured_refresh,

@@ -233,7 +233,13 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: "pulse_like_events_unchanged_total",
         kind: MetricKind::Counter,
-        help: "Like events the archive already held (re-deliveries), skipped",
+        help: "Like events that changed nothing in SQL because Redis had lost state SQL holds",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_like_events_late_total",
+        kind: MetricKind::Counter,
+        help: "Like events archived after newer ones of their relation (a dead consumer's, taken over); they change nothing",
         initial: NO_LABELS,
     },
     Metric {
@@ -312,6 +318,12 @@ pub const METRICS: &[Metric] = &[
         name: "pulse_feed_rebuilds_total",
         kind: MetricKind::Counter,
         help: "Missing inboxes rebuilt by pull from the followees' outboxes",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_feed_rebuilds_restarted_total",
+        kind: MetricKind::Counter,
+        help: "Inbox rebuilds started over because a follow or unfollow came during them",
         initial: NO_LABELS,
     },
     Metric {

@@ -161,8 +161,9 @@ impl FeedFixture {
         Ok(all.len())
     }
 
-    /// Makes `users` active as a read does: their inboxes exist (the anchor only), and they are
-    /// in the audiences of `authors`, whom they follow.
+    /// Makes `users` active as a read does when `authors`, whom they follow, have published
+    /// nothing yet: their inboxes exist (the anchor only, floor 0: the whole history), and they
+    /// are in the audiences of `authors`.
     pub async fn activate(
         &self,
         conn: &mut pulse::redis::Link,
@@ -174,7 +175,7 @@ impl FeedFixture {
             let mut pipe = redis::pipe();
             for &user in chunk {
                 let inbox = keys.feed_user(user).inbox();
-                pipe.zadd(&inbox, 0, 0)
+                pipe.zadd(&inbox, 0, -1)
                     .ignore()
                     .expire(&inbox, 86_400)
                     .ignore();
@@ -437,7 +438,8 @@ async fn ceiling(
     let keys = pulse::redis::Keys::new(prefix.clone());
     let user = keys.feed_user(1);
     let mut pipe = redis::pipe();
-    pipe.zadd(user.inbox(), 0, 0).ignore();
+    // The anchor, scored -(floor + 1): the inbox is exact from its lowest id, 1, up.
+    pipe.zadd(user.inbox(), 0, -2).ignore();
     for id in 1..=800 {
         pipe.zadd(user.inbox(), id, id).ignore();
     }
@@ -455,9 +457,8 @@ async fn ceiling(
         "--csv".into(),
         "EVALSHA".into(),
         sha,
-        "2".into(),
+        "1".into(),
         user.inbox(),
-        user.no_more(),
         "+inf".into(),
         (PAGE + 5).to_string(),
         "604800000".into(),

@@ -1,4 +1,4 @@
-use async_graphql::{Context, ID, InputObject, Lookahead, Object, Subscription};
+use async_graphql::{Context, ID, InputObject, Lookahead, Object, SimpleObject, Subscription};
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 
@@ -240,6 +240,15 @@ impl ArticlesMutation {
     }
 }
 
+/// An article's counters at one moment.
+#[derive(SimpleObject)]
+pub struct ArticleStats {
+    article_id: ID,
+    view_count: i64,
+    like_count: i64,
+    comment_count: i64,
+}
+
 #[derive(Default)]
 pub struct ArticlesSubscription;
 
@@ -260,6 +269,23 @@ impl ArticlesSubscription {
             author_id
                 .is_none_or(|author| author == article.author_id)
                 .then_some(Article(article))
+        }))
+    }
+
+    /// An article's view, like and comment counts: at once, then whenever they change (at most
+    /// one update per `PULSE_STATS_TICK`). Ends if the article is deleted.
+    async fn article_stats_changed(
+        &self,
+        ctx: &Context<'_>,
+        article_id: ID,
+    ) -> async_graphql::Result<impl Stream<Item = ArticleStats> + use<>> {
+        let article = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
+        let stats = services(ctx).stats.watch(article).await.gql()?;
+        Ok(stats.map(|stats| ArticleStats {
+            article_id: ids::encode(NodeType::Article, stats.article),
+            view_count: stats.view_count,
+            like_count: stats.like_count,
+            comment_count: stats.comment_count,
         }))
     }
 }

@@ -1,4 +1,5 @@
-//! Articles: publishing, editing and listing.
+//! Articles: publishing, editing and listing, and their live counters (`stats.rs`: an article's
+//! views, likes and comments pushed to `articleStatsChanged` subscribers as they move).
 //!
 //! SQL is the truth for articles. Edits write only the edited columns (title, body, updated_at), so
 //! they can never overwrite counters that flushers and archivers add to concurrently. Publishing
@@ -8,5 +9,7 @@
 pub mod graphql;
 pub mod loader;
 pub mod service;
+pub mod stats;
 
 pub use service::ArticleService;
+pub use stats::ArticleStatsService;

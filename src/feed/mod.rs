@@ -13,7 +13,11 @@
 //!   TTL restarted by every read: its existence is what makes a user active, and only active users
 //!   get fan-out writes. A missing inbox is rebuilt by pull from the followees' outboxes (SQL where
 //!   one is not loaded) into a building key renamed in atomically, one rebuild at a time per user;
-//! - the **"no more"** sentinel: the inbox holds the whole history, so reading past it skips SQL;
+//! - each inbox's **floor**, in its anchor member's score: the inbox holds every article of the
+//!   fanned-out followees from the floor up (0: the whole history, so reading past it skips SQL),
+//!   and reads go to SQL below it. Whatever adds ids that are exact only down to some point (a
+//!   rebuild's pull, a follow's backfill, a former celebrity's merge, a trim) raises the floor to
+//!   that point in the same script, so an inbox never has a hole above its floor (issue 25);
 //! - each author's **audience** (per feed shard): the followers whose inbox exists, joined when it
 //!   is built, left on unfollow or when a delivery finds it expired. Fan-out reads it instead of
 //!   every follower, so its cost grows with the active followers alone.
@@ -21,6 +25,14 @@
 //! Order: newest first is descending article id (ids are minted in publication order, and SQL's
 //! timestamps keep whole seconds only), so every position is unique and a cursor is exact across
 //! the inbox, celebrity outboxes and SQL. Cursors carry a MAC of (viewer, id).
+//!
+//! The graph changes under the inboxes: a follow or unfollow (told by the follows service's
+//! listener) queues a `feed-follows` job that merges or removes the followee's articles; one that
+//! lands during a rebuild sends the rebuild back to start over, since its pull may predate the
+//! change; an unfollow that takes an author below the celebrity threshold queues the merge of their
+//! articles into their audience's inboxes (they were merged at read time, never fanned out). A
+//! rise above the threshold needs nothing: the inboxes keep what was fanned out, and reads merge
+//! the outbox from then on.
 //!
 //! Exactly once: every write is a `ZADD` of an id, so re-delivered fan-out (a worker killed after
 //! its writes and before its acknowledgement, a publication relayed twice) adds nothing, and a

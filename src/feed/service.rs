@@ -6,13 +6,11 @@ use std::time::Duration;
 use futures_util::{Stream, StreamExt as _};
 use singleflight_async::SingleFlight;
 
-use super::{FeedStore, follow_sync};
+use super::FeedStore;
 use crate::accounts::TokenSigner;
 use crate::actor::Actor;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
-use crate::follows::FollowService;
-use crate::follows::service::FollowOutcome;
 use crate::keys::FeedKeys;
 use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
 use crate::realtime::Hub;
@@ -23,6 +21,9 @@ pub const FEED: Walk = Walk("feed");
 
 /// How long a rebuild may hold its lock; a reader finding it held serves from SQL meanwhile.
 const REBUILD_LOCK: Duration = Duration::from_secs(10);
+
+/// Rebuilds of one read sent back by follow changes before the read gives up and uses SQL.
+const REBUILD_ATTEMPTS: usize = 3;
 
 /// How long an online marker lives; the subscription holding it renews it three times as often.
 const ONLINE_TTL: Duration = Duration::from_secs(30);
@@ -53,22 +54,15 @@ enum Rebuild {
 #[derive(Clone)]
 pub struct FeedService {
     store: FeedStore,
-    follows: FollowService,
     tokens: Arc<TokenSigner>,
     hub: Hub,
     rebuilds: Arc<SingleFlight<i64, SharedResult<Rebuild>>>,
 }
 
 impl FeedService {
-    pub fn new(
-        store: FeedStore,
-        follows: FollowService,
-        tokens: Arc<TokenSigner>,
-        hub: Hub,
-    ) -> Self {
+    pub fn new(store: FeedStore, tokens: Arc<TokenSigner>, hub: Hub) -> Self {
         Self {
             store,
-            follows,
             tokens,
             hub,
             rebuilds: Arc::default(),
@@ -77,38 +71,6 @@ impl FeedService {
 
     pub fn store(&self) -> &FeedStore {
         &self.store
-    }
-
-    /// Follows `followee` and queues the backfill of their recent articles into the viewer's
-    /// inbox; the mutation does not wait for it.
-    pub async fn follow(&self, actor: &Actor, followee: i64) -> AppResult<FollowOutcome> {
-        let outcome = self.follows.follow(actor, followee).await?;
-        if outcome.changed {
-            self.queue_sync(actor.require_user()?, followee).await;
-        }
-        Ok(outcome)
-    }
-
-    /// Unfollows `followee` and queues the removal of their articles from the viewer's inbox;
-    /// reads filter them out until it ran.
-    pub async fn unfollow(&self, actor: &Actor, followee: i64) -> AppResult<FollowOutcome> {
-        let outcome = self.follows.unfollow(actor, followee).await?;
-        if outcome.changed {
-            self.queue_sync(actor.require_user()?, followee).await;
-        }
-        Ok(outcome)
-    }
-
-    /// The graph in SQL changed already; a lost sync job only leaves an inbox that reads filter
-    /// (unfollow) or that lacks a backfill until it is rebuilt (follow).
-    async fn queue_sync(&self, follower: i64, followee: i64) {
-        let change = follow_sync::FollowChange { follower, followee };
-        let shard = follow_sync::shard_of(follower);
-        if let Err(err) =
-            crate::jobs::enqueue(&self.store.redis, follow_sync::SPEC, shard, &change).await
-        {
-            tracing::warn!(error = %err, follower, followee, "follow change not queued for the feed");
-        }
     }
 
     fn position(&self, viewer: i64, article: i64) -> Position<i64> {
@@ -177,9 +139,10 @@ impl FeedService {
     }
 
     /// Up to `limit` ids below `below`, newest first. Each source (the inbox, each celebrity's
-    /// outbox) is exact down to a floor: the last id it gave when it gave `limit`, else the lowest
-    /// it holds, or 0 when it holds the whole history. Above the highest floor the merge is exact;
-    /// below it, SQL continues.
+    /// outbox) is exact down to a floor: the last id it gave when it gave `limit`; else, for the
+    /// inbox, its own floor (raised by backfills that could not take everything, and by trims),
+    /// and for an outbox the lowest it holds, or 0 when it holds the whole history. Above the
+    /// highest floor the merge is exact; below it, SQL continues.
     async fn candidates(&self, viewer: i64, below: i64, limit: u64) -> AppResult<Candidates> {
         let (inbox, regenerating) = match self.read_inbox(viewer, below, limit).await? {
             Some(inbox) => (Some(inbox), false),
@@ -196,23 +159,26 @@ impl FeedService {
                 regenerating,
             });
         };
-        let floor_of = |ids: &[i64], complete: bool, lowest: i64| -> i64 {
+        let floor_of = |ids: &[i64], floor: i64| -> i64 {
             if ids.len() as u64 == limit {
                 *ids.last().expect("limit > 0")
-            } else if complete {
-                0
-            } else if lowest > 0 && lowest < below {
-                lowest
             } else {
-                below
+                floor.min(below)
             }
         };
-        let mut floor = floor_of(&inbox.ids, inbox.no_more, inbox.lowest);
+        let mut floor = floor_of(&inbox.ids, inbox.floor);
         let mut merged: Vec<i64> = inbox.ids;
         let celebrities = self.store.followed_celebrities(viewer).await?;
         for celebrity in celebrities {
             let (ids, coverage) = self.store.outbox_page(celebrity, below, limit).await?;
-            floor = floor.max(floor_of(&ids, coverage.complete, coverage.lowest));
+            let outbox_floor = if coverage.complete {
+                0
+            } else if coverage.lowest > 0 {
+                coverage.lowest
+            } else {
+                below
+            };
+            floor = floor.max(floor_of(&ids, outbox_floor));
             merged.extend(ids);
         }
         merged.sort_unstable_by(|a, b| b.cmp(a));
@@ -245,17 +211,15 @@ impl FeedService {
         let reply: Vec<i64> = SCRIPTS
             .feed_read
             .key(keys.inbox())
-            .key(keys.no_more())
             .arg(max)
             .arg(limit)
             .arg(self.store.settings.inbox_ttl.as_millis() as u64)
             .invoke_async(&mut conn)
             .await?;
         Ok(match reply[..] {
-            [1, no_more, lowest, ..] => Some(Inbox {
-                no_more: no_more == 1,
-                lowest,
-                ids: reply[3..].to_vec(),
+            [1, floor, ..] => Some(Inbox {
+                floor,
+                ids: reply[2..].to_vec(),
             }),
             _ => None,
         })
@@ -271,8 +235,21 @@ impl FeedService {
             .map_err(AppError::Shared)
     }
 
+    /// Rebuilds under the lock; starts over when a follow or unfollow meanwhile sent the rebuild
+    /// back (its pull may predate the change), a few times before leaving it to the next read.
     #[tracing::instrument(skip_all, fields(viewer))]
     async fn rebuild_now(&self, viewer: i64) -> AppResult<Rebuild> {
+        for _ in 0..REBUILD_ATTEMPTS {
+            match self.rebuild_once(viewer).await? {
+                Some(rebuild) => return Ok(rebuild),
+                None => metrics::counter!("pulse_feed_rebuilds_restarted_total").increment(1),
+            }
+        }
+        Ok(Rebuild::Elsewhere)
+    }
+
+    /// One rebuild; `None` when it must start over.
+    async fn rebuild_once(&self, viewer: i64) -> AppResult<Option<Rebuild>> {
         let store = &self.store;
         let keys = store.redis.keys.feed_user(viewer);
         let token = format!("{:016x}", rand::random::<u64>());
@@ -287,42 +264,36 @@ impl FeedService {
             .invoke_async(&mut conn)
             .await?;
         match began {
-            2 => return Ok(Rebuild::Ready),
-            0 => return Ok(Rebuild::Elsewhere),
+            2 => return Ok(Some(Rebuild::Ready)),
+            0 => return Ok(Some(Rebuild::Elsewhere)),
             _ => {}
         }
-        let cap = u64::from(store.settings.cap);
+        // Read after the building key exists: a follow change committed before this read is in
+        // it, and one committed after finds the building key and sends this rebuild back.
         let followees = store.followees(viewer).await?;
         // In the audiences before the pull, so what is published meanwhile is either pulled or
         // fanned out into the building key.
-        store.join_audiences(viewer, &followees.all()).await?;
-        let (mut ids, mut complete) = store.pull(&followees.fanned_out).await?;
-        ids.sort_unstable_by(|a, b| b.cmp(a));
-        ids.dedup();
-        if ids.len() as u64 > cap {
-            ids.truncate(cap as usize);
-            complete = false;
-        }
+        let fanned_out = store.join_and_split(viewer, &followees).await?;
+        let timeline = store.timeline(&fanned_out).await?;
         let mut install = SCRIPTS.feed_rebuild_install.prepare_invoke();
         install
             .key(keys.inbox())
             .key(keys.inbox_building())
             .key(keys.rebuild_lock())
-            .key(keys.no_more())
             .arg(&token)
             .arg(store.settings.inbox_ttl.as_millis() as u64)
-            .arg(cap)
-            .arg(u8::from(complete));
-        for id in &ids {
+            .arg(store.settings.cap)
+            .arg(timeline.floor);
+        for id in &timeline.ids {
             install.arg(*id);
         }
         let installed: i64 = install.invoke_async(&mut conn).await?;
         store.counters.rebuilds.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("pulse_feed_rebuilds_total").increment(1);
-        Ok(if installed == 1 {
-            Rebuild::Ready
-        } else {
-            Rebuild::Elsewhere
+        Ok(match installed {
+            1 => Some(Rebuild::Ready),
+            2 => None,
+            _ => Some(Rebuild::Elsewhere),
         })
     }
 
@@ -366,8 +337,9 @@ impl FeedService {
 }
 
 struct Inbox {
-    no_more: bool,
-    lowest: i64,
+    /// The inbox holds every article of the fanned-out followees from here up.
+    floor: i64,
+    /// Those below the cursor, at or above the floor, newest first.
     ids: Vec<i64>,
 }
 

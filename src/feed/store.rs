@@ -90,26 +90,31 @@ impl FeedStore {
         Ok(row.is_some())
     }
 
-    /// Everyone `follower` follows: those fanned out to them, and the celebrities (merged at
-    /// read time).
-    pub async fn followees(&self, follower: i64) -> AppResult<Followees> {
+    /// Everyone `follower` follows.
+    pub async fn followees(&self, follower: i64) -> AppResult<Vec<i64>> {
         let query = follows::Entity::find()
             .select_only()
             .column(follows::Column::FolloweeId)
             .filter(follows::Column::FollowerId.eq(follower));
-        let all: Vec<i64> = retry_once(|| query.clone().into_tuple().all(&self.db)).await?;
+        Ok(retry_once(|| query.clone().into_tuple().all(&self.db)).await?)
+    }
+
+    /// Puts `follower` in the audiences of all of `followees`, then returns those not celebrities
+    /// now, whose articles an inbox holds. In that order: an author who falls below the
+    /// threshold after the celebrities are read finds `follower` in their audience, and their
+    /// merge job reaches this inbox (or sends its rebuild back); one who fell before is fanned out.
+    pub async fn join_and_split(&self, follower: i64, followees: &[i64]) -> AppResult<Vec<i64>> {
+        self.join_audiences(follower, followees).await?;
         let celebrities: HashSet<i64> = self
             .followed_celebrities(follower)
             .await?
             .into_iter()
             .collect();
-        let (celebrities, fanned_out) = all
-            .into_iter()
-            .partition(|followee| celebrities.contains(followee));
-        Ok(Followees {
-            fanned_out,
-            celebrities,
-        })
+        Ok(followees
+            .iter()
+            .copied()
+            .filter(|followee| !celebrities.contains(followee))
+            .collect())
     }
 
     /// The celebrities `follower` follows (read-time merge), in one query: a page read asks for
@@ -326,10 +331,27 @@ impl FeedStore {
             .await?)
     }
 
-    /// The newest articles of `authors` for a rebuild: from their outboxes in one pipelined round
-    /// trip, and from SQL in one query for the authors whose outbox is not loaded. Returns up to
-    /// the cap per source, and whether they are the authors' whole history.
-    pub async fn pull(&self, authors: &[i64]) -> AppResult<(Vec<i64>, bool)> {
+    /// The newest articles of `authors` for an inbox, at most the cap, newest first, with their
+    /// floor: from the authors' outboxes in one pipelined round trip, and from SQL in one query
+    /// for the authors whose outbox is not loaded.
+    pub async fn timeline(&self, authors: &[i64]) -> AppResult<Timeline> {
+        let (mut ids, complete) = self.pull(authors).await?;
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids.dedup();
+        let cap = self.settings.cap as usize;
+        // Every source gave its newest, up to the cap each: the union is exact down to its cap-th
+        // id, since a source missing an id above it gave a cap of ids above it.
+        let floor = if complete && ids.len() <= cap {
+            0
+        } else {
+            ids.truncate(cap);
+            ids.last().copied().unwrap_or(0)
+        };
+        Ok(Timeline { ids, floor })
+    }
+
+    /// Up to the cap per source, and whether they are the authors' whole history.
+    async fn pull(&self, authors: &[i64]) -> AppResult<(Vec<i64>, bool)> {
         if authors.is_empty() {
             return Ok((Vec::new(), true));
         }
@@ -357,6 +379,91 @@ impl FeedStore {
         complete &= from_sql.len() as u64 <= cap;
         ids.extend(from_sql);
         Ok((ids, complete))
+    }
+
+    /// `author`'s newest `limit` articles, newest first, with their floor: 0 when they are the
+    /// author's whole history, else just above the author's next older article (or the lowest of
+    /// them, where the outbox ends).
+    pub async fn newest_with_floor(&self, author: i64, limit: u64) -> AppResult<Timeline> {
+        let (mut ids, coverage) = self.outbox_page(author, i64::MAX, limit + 1).await?;
+        let floor = if ids.len() as u64 > limit {
+            let next_older = ids[limit as usize];
+            ids.truncate(limit as usize);
+            next_older + 1
+        } else if coverage.complete {
+            0
+        } else {
+            coverage.lowest
+        };
+        Ok(Timeline { ids, floor })
+    }
+
+    /// Merges `articles` (exact from their floor up) into `reader`'s inbox, raising its floor to
+    /// theirs where that is higher; see `lua/feed_merge.lua`.
+    pub async fn merge(&self, reader: i64, articles: &Timeline) -> AppResult<Merged> {
+        self.merge_call("add", reader, &articles.ids, articles.floor)
+            .await
+    }
+
+    /// [`Self::merge`] for each of `readers`, in one pipelined round trip. Returns how many
+    /// inboxes it changed.
+    pub async fn merge_many(&self, readers: &[i64], articles: &Timeline) -> AppResult<usize> {
+        if readers.is_empty() {
+            return Ok(0);
+        }
+        let script = &SCRIPTS.feed_merge;
+        let mut conn = self.redis.conn.clone();
+        // A pipeline does not reload a script Redis has lost (a restart); load it once up front.
+        script.prepare_invoke().load_async(&mut conn).await?;
+        let mut pipe = redis::pipe();
+        for &reader in readers {
+            let keys = self.redis.keys.feed_user(reader);
+            let mut invocation = script.prepare_invoke();
+            invocation
+                .key(keys.inbox())
+                .key(keys.inbox_building())
+                .arg("add")
+                .arg(self.settings.cap)
+                .arg(articles.floor);
+            for &article in &articles.ids {
+                invocation.arg(article);
+            }
+            pipe.invoke_script(&invocation);
+        }
+        let outcomes: Vec<u8> = pipe.query_async(&mut conn).await?;
+        Ok(outcomes.into_iter().filter(|&outcome| outcome == 1).count())
+    }
+
+    /// Takes `articles` out of `reader`'s inbox.
+    pub async fn remove(&self, reader: i64, articles: &[i64]) -> AppResult<Merged> {
+        self.merge_call("remove", reader, articles, 0).await
+    }
+
+    async fn merge_call(
+        &self,
+        mode: &str,
+        reader: i64,
+        articles: &[i64],
+        floor: i64,
+    ) -> AppResult<Merged> {
+        let keys = self.redis.keys.feed_user(reader);
+        let mut invocation = SCRIPTS.feed_merge.prepare_invoke();
+        invocation
+            .key(keys.inbox())
+            .key(keys.inbox_building())
+            .arg(mode)
+            .arg(self.settings.cap)
+            .arg(floor);
+        for &article in articles {
+            invocation.arg(article);
+        }
+        let mut conn = self.redis.conn.clone();
+        let outcome: u8 = invocation.invoke_async(&mut conn).await?;
+        Ok(match outcome {
+            1 => Merged::Changed,
+            2 => Merged::RebuildRestarted,
+            _ => Merged::Inactive,
+        })
     }
 
     /// Delivers `author`'s `articles` to the inboxes of `followers` that exist, in one pipelined
@@ -396,7 +503,6 @@ impl FeedStore {
                     invocation
                         .key(keys.inbox())
                         .key(keys.inbox_building())
-                        .key(keys.no_more())
                         .key(keys.online());
                     let channel = if announce {
                         self.redis.keys.feed_channel(follower)
@@ -439,19 +545,6 @@ pub fn add_audience_joins(pipe: &mut redis::Pipeline, keys: &Keys, follower: i64
     }
 }
 
-pub struct Followees {
-    pub fanned_out: Vec<i64>,
-    pub celebrities: Vec<i64>,
-}
-
-impl Followees {
-    /// Celebrities included: a reader is in their audiences too, so an author who drops below
-    /// the threshold is fanned out to at once.
-    pub fn all(&self) -> Vec<i64> {
-        [&self.fanned_out[..], &self.celebrities[..]].concat()
-    }
-}
-
 /// Part of an author's audience within one feed shard: the followers whose ids are above `after`
 /// and up to `up_to` (unbounded where `None`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -472,6 +565,26 @@ fn followees_of(follower: i64) -> sea_orm::sea_query::SelectStatement {
         .from(follows::Entity)
         .and_where(Expr::col(follows::Column::FollowerId).eq(follower))
         .to_owned()
+}
+
+/// Article ids newest first, exact from `floor` up: every article of their authors with an id at or
+/// above it is among them (0: the authors' whole history).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    pub ids: Vec<i64>,
+    pub floor: i64,
+}
+
+/// What a merge into an inbox found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Merged {
+    /// The inbox exists and was changed.
+    Changed,
+    /// No inbox, but one was being rebuilt, perhaps from the graph before this change: it starts
+    /// over.
+    RebuildRestarted,
+    /// No inbox: the reader is inactive.
+    Inactive,
 }
 
 /// How much of an author's history an outbox holds.

@@ -37,13 +37,12 @@ async fn feed_keys(store: &FeedStore) -> AppResult<BTreeMap<i64, BTreeMap<String
 pub struct Vacuumed {
     /// Keys of users who no longer exist.
     pub of_deleted_users: usize,
-    /// Building keys a crashed rebuild left without its lock, and "no more" sentinels without an
-    /// inbox.
+    /// Building keys a crashed rebuild left without its lock.
     pub leftovers: usize,
 }
 
 /// Removes the feed keys nothing will use again: those of deleted users, a rebuild's building
-/// key whose lock has expired (the rebuild died), a "no more" sentinel whose inbox has expired.
+/// key whose lock has expired (the rebuild died).
 /// Audiences need no vacuum: a delivery drops the followers whose inbox has expired.
 pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
     let keys = feed_keys(store).await?;
@@ -65,12 +64,11 @@ pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
             doomed.extend(names.values().cloned());
             continue;
         }
-        let has = |name: &str| names.contains_key(name);
-        for (orphan, owner) in [("inbox-building", "rebuild-lock"), ("no-more", "inbox")] {
-            if has(orphan) && !has(owner) {
-                report.leftovers += 1;
-                doomed.push(names[orphan].clone());
-            }
+        if let Some(building) = names.get("inbox-building")
+            && !names.contains_key("rebuild-lock")
+        {
+            report.leftovers += 1;
+            doomed.push(building.clone());
         }
     }
     let mut conn = store.redis.conn.clone();
@@ -92,13 +90,17 @@ pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
 pub struct Rebuilt {
     /// Outboxes reloaded from SQL.
     pub outboxes: usize,
-    /// Users with an inbox put back in the audiences of everyone they follow.
+    /// Users with an inbox put back in the audiences of everyone they follow, and their inbox
+    /// made whole.
     pub readers: usize,
 }
 
-/// Reloads every cached outbox from SQL, and puts every user whose inbox exists back in the
-/// audiences of their followees (joins lost with a Redis rollback would otherwise keep fan-out
-/// from them until their inbox expires). Inboxes are rebuilt by their next read and need nothing.
+/// Reloads every cached outbox from SQL, and for every user whose inbox exists: puts them back
+/// in the audiences of their followees (joins lost with a Redis rollback would otherwise keep
+/// fan-out from them until their inbox expires), and merges their followees' newest articles into
+/// the inbox, as a rebuild would pull them, so a hole (a follow's backfill or a fan-out lost with
+/// a rollback) is filled or falls below the inbox's floor. Missing inboxes are rebuilt by their
+/// next read and need nothing.
 pub async fn rebuild(store: &FeedStore) -> AppResult<Rebuilt> {
     let keys = feed_keys(store).await?;
     let mut report = Rebuilt::default();
@@ -118,9 +120,14 @@ pub async fn rebuild(store: &FeedStore) -> AppResult<Rebuilt> {
             store.outbox_page(user, i64::MAX, 0).await?;
             report.outboxes += 1;
         }
+    }
+    // Once every outbox is whole: the inboxes are merged from them.
+    for (&user, names) in &keys {
         if names.contains_key("inbox") {
             let followees = store.followees(user).await?;
-            store.join_audiences(user, &followees.all()).await?;
+            let fanned_out = store.join_and_split(user, &followees).await?;
+            let timeline = store.timeline(&fanned_out).await?;
+            store.merge(user, &timeline).await?;
             report.readers += 1;
         }
     }

@@ -111,7 +111,7 @@ impl FollowsMutation {
     /// Follows a user. Idempotent; the user's recent articles join the viewer's feed shortly.
     async fn follow(&self, ctx: &Context<'_>, user_id: ID) -> async_graphql::Result<FollowPayload> {
         let user = ids::decode(&user_id, NodeType::User, "userId").gql()?;
-        let outcome = services(ctx).feed.follow(actor(ctx), user).await.gql()?;
+        let outcome = services(ctx).follows.follow(actor(ctx), user).await.gql()?;
         Ok(FollowPayload { outcome, user })
     }
 
@@ -122,7 +122,11 @@ impl FollowsMutation {
         user_id: ID,
     ) -> async_graphql::Result<FollowPayload> {
         let user = ids::decode(&user_id, NodeType::User, "userId").gql()?;
-        let outcome = services(ctx).feed.unfollow(actor(ctx), user).await.gql()?;
+        let outcome = services(ctx)
+            .follows
+            .unfollow(actor(ctx), user)
+            .await
+            .gql()?;
         Ok(FollowPayload { outcome, user })
     }
 }

@@ -5,6 +5,10 @@
 //! a count never disagrees with the graph, and a repeated `follow` or `unfollow` (or two racing
 //! ones) changes a count at most once. Nothing of the graph is cached in Redis: the feed's caches
 //! (inboxes, outboxes) are filtered by it and rebuilt from it.
+//!
+//! Every change that committed is told to the service's [`service::FollowListener`]: the feed's
+//! hook queues the job that brings the follower's inbox in line. The follows domain names no
+//! other domain; the feed depends on it, not the other way round.
 
 pub mod graphql;
 pub mod loader;

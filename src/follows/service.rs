@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use sea_orm::sea_query::{Expr, ExprTrait as _, OnConflict};
 use sea_orm::{
@@ -26,6 +27,26 @@ pub struct FollowOutcome {
     pub changed: bool,
 }
 
+/// A follow or unfollow that changed the graph, as committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FollowChange {
+    pub follower: i64,
+    pub followee: i64,
+    /// Whether `follower` follows `followee` after the change.
+    pub following: bool,
+    /// `followee`'s follower count right after the change, read in its transaction: a listener
+    /// can tell which change crossed a threshold, even among concurrent ones.
+    pub followers: i64,
+}
+
+/// What reacts to the graph's changes (the feed keeps its caches in line): told of every change
+/// after it committed, before the mutation answers. A listener that fails must not fail the
+/// mutation: the graph has changed already.
+#[async_trait::async_trait]
+pub trait FollowListener: Send + Sync {
+    async fn changed(&self, change: FollowChange);
+}
+
 /// A user's follower and following counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FollowCounts {
@@ -36,11 +57,26 @@ pub struct FollowCounts {
 #[derive(Clone)]
 pub struct FollowService {
     db: DatabaseConnection,
+    listener: Option<Arc<dyn FollowListener>>,
 }
 
 impl FollowService {
     pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+        Self { db, listener: None }
+    }
+
+    /// This service, telling `listener` of every change it makes.
+    pub fn with_listener(self, listener: Arc<dyn FollowListener>) -> Self {
+        Self {
+            listener: Some(listener),
+            ..self
+        }
+    }
+
+    async fn tell(&self, change: Option<FollowChange>) {
+        if let (Some(listener), Some(change)) = (&self.listener, change) {
+            listener.changed(change).await;
+        }
     }
 
     /// Makes the signed-in actor follow `followee`. Idempotent; following oneself is refused.
@@ -50,21 +86,33 @@ impl FollowService {
         if follower == followee {
             return Err(AppError::bad_input("userId", "you cannot follow yourself"));
         }
-        let changed = retry_once(|| self.insert_follow(follower, followee))
+        let followers = retry_once(|| self.insert_follow(follower, followee))
             .await
             .map_err(|err| match err.sql_err() {
                 Some(SqlErr::ForeignKeyConstraintViolation(_)) => AppError::NotFound("user"),
                 _ => err.into(),
             })?;
+        let change = followers.map(|followers| FollowChange {
+            follower,
+            followee,
+            following: true,
+            followers,
+        });
+        self.tell(change).await;
         Ok(FollowOutcome {
             following: true,
-            changed,
+            changed: change.is_some(),
         })
     }
 
     /// One transaction: the row (unless there is one) and, only if it was inserted, both counts.
-    /// Safe to retry: a committed first attempt makes the second find the row and change nothing.
-    async fn insert_follow(&self, follower: i64, followee: i64) -> Result<bool, sea_orm::DbErr> {
+    /// Returns the followee's follower count after an insert, `None` for a repeat. Safe to retry:
+    /// a committed first attempt makes the second find the row and change nothing.
+    async fn insert_follow(
+        &self,
+        follower: i64,
+        followee: i64,
+    ) -> Result<Option<i64>, sea_orm::DbErr> {
         let txn = self.db.begin().await?;
         // A duplicate is the one outcome refused by the unique pair, not an update of the row to
         // itself: MySQL would count that as an affected row.
@@ -79,11 +127,11 @@ impl FollowService {
         .or_duplicate()?;
         if let Unique::Duplicate = inserted {
             txn.rollback().await?;
-            return Ok(false);
+            return Ok(None);
         }
-        shift_counts(&txn, follower, followee, 1).await?;
+        let followers = shift_counts(&txn, follower, followee, 1).await?;
         txn.commit().await?;
-        Ok(true)
+        Ok(Some(followers))
     }
 
     /// Makes the signed-in actor stop following `followee`. Idempotent.
@@ -98,16 +146,24 @@ impl FollowService {
                 .exec(&txn)
                 .await?
                 .rows_affected;
-            if deleted == 1 {
-                shift_counts(&txn, follower, followee, -1).await?;
-            }
+            let followers = if deleted == 1 {
+                Some(shift_counts(&txn, follower, followee, -1).await?)
+            } else {
+                None
+            };
             txn.commit().await?;
-            Ok::<_, sea_orm::DbErr>(deleted == 1)
+            Ok::<_, sea_orm::DbErr>(followers)
         };
-        let changed = retry_once(delete).await?;
+        let change = retry_once(delete).await?.map(|followers| FollowChange {
+            follower,
+            followee,
+            following: false,
+            followers,
+        });
+        self.tell(change).await;
         Ok(FollowOutcome {
             following: false,
-            changed,
+            changed: change.is_some(),
         })
     }
 
@@ -179,12 +235,14 @@ impl FollowService {
 }
 
 /// Adds `by` to `follower`'s following count and `followee`'s follower count, creating their rows.
+/// Returns `followee`'s follower count after it: the transaction's own update holds the row, so
+/// no concurrent change comes between.
 async fn shift_counts(
     txn: &impl ConnectionTrait,
     follower: i64,
     followee: i64,
     by: i64,
-) -> Result<(), sea_orm::DbErr> {
+) -> Result<i64, sea_orm::DbErr> {
     let rows = [follower, followee].map(|user| follow_counts::ActiveModel {
         user_id: Set(user),
         followers: Set(0),
@@ -208,5 +266,11 @@ async fn shift_counts(
             .exec(txn)
             .await?;
     }
-    Ok(())
+    let followers: Option<i64> = follow_counts::Entity::find_by_id(followee)
+        .select_only()
+        .column(follow_counts::Column::Followers)
+        .into_tuple()
+        .one(txn)
+        .await?;
+    followers.ok_or_else(|| sea_orm::DbErr::RecordNotFound("the followee's counts".into()))
 }

@@ -12,7 +12,7 @@ use crate::actor::Actor;
 use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
 use crate::feed::graphql::{FeedQuery, FeedSubscription};
 use crate::follows::graphql::FollowsMutation;
-use crate::likes::graphql::{LikesMutation, LikesSubscription};
+use crate::likes::graphql::LikesMutation;
 use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
 use crate::votes::graphql::{VotesMutation, VotesQuery, VotesSubscription};
@@ -38,12 +38,7 @@ pub struct Mutation(
 );
 
 #[derive(MergedSubscription, Default)]
-pub struct Subscription(
-    ArticlesSubscription,
-    LikesSubscription,
-    VotesSubscription,
-    FeedSubscription,
-);
+pub struct Subscription(ArticlesSubscription, VotesSubscription, FeedSubscription);
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 

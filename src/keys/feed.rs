@@ -105,7 +105,10 @@ impl FeedUserKeys<'_> {
     }
 
     /// Sorted set article id → article id: the user's timeline cache, newest `cap` items plus the
-    /// anchor member `0` (score 0) that keeps an empty timeline existing. Expires when unread.
+    /// anchor member `0` that keeps an empty timeline existing. The anchor's score is
+    /// -(floor + 1): the inbox holds every article of the fanned-out followees from the floor up
+    /// (floor 0: their whole history), and reads below it go to SQL (see `lua/feed_read.lua`).
+    /// Expires when unread.
     pub fn inbox(&self) -> String {
         self.key("inbox")
     }
@@ -118,12 +121,6 @@ impl FeedUserKeys<'_> {
     /// String held by the one process rebuilding the inbox.
     pub fn rebuild_lock(&self) -> String {
         self.key("rebuild-lock")
-    }
-
-    /// String present while the inbox holds the whole history of the user's fanned-out followees
-    /// (seed 004's "no more" sentinel): a read past its end need not ask SQL.
-    pub fn no_more(&self) -> String {
-        self.key("no-more")
     }
 
     /// Sorted set article id → article id: the user's newest `cap` articles.
@@ -156,7 +153,6 @@ mod tests {
             user.inbox(),
             user.inbox_building(),
             user.rebuild_lock(),
-            user.no_more(),
             user.outbox(),
             user.outbox_loaded(),
             user.online(),

@@ -9,6 +9,13 @@
 //!    ones were archived) changes nothing, and a like where SQL has the like already (or an unlike
 //!    where it has none) changes no count, so even events from a Redis that came back older than SQL
 //!    cannot count twice;
+//!
+//!    Such events are normal after a consumer died: besides the late event itself, the newer events
+//!    archived before it find SQL in the state the late one left out (a like never archived, then
+//!    its unlike). Only an event that no older event of its relation explains, one still pending in
+//!    the stream and not in SQL, shows that Redis lost a change SQL holds; the job warns of those
+//!    alone (`pulse_like_events_unchanged_total`) and counts the others apart
+//!    (`pulse_like_events_late_total`);
 //! 4. adds each subject's net change to its `like_count`, bumps its `like_version`, inserts one
 //!    `like_events` row per event with the count after it and its local date, and upserts the
 //!    `likes` rows whose state changed.
@@ -26,19 +33,19 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
+use redis::streams::{StreamPendingCountReply, StreamRangeReply};
 use sea_orm::sea_query::{Expr, ExprTrait as _, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, EntityTrait,
     QueryFilter, QuerySelect, TransactionTrait,
 };
 
-use super::featured::FeaturedComments;
+use super::featured::FeaturedCommentService;
 use super::service::SqlCount;
 use super::{Subject, counts};
 use crate::entities::{comments, like_archive_shards, like_events, likes};
 use crate::jobs::{Entry, Job, JobSpec};
-use crate::keys::LikeKeys;
-use crate::keys::{LIKE_SHARDS, LikeShardKeys};
+use crate::keys::{LIKE_SHARDS, LikeKeys, LikeShardKeys};
 use crate::redis::Redis;
 use crate::scripts::SCRIPTS;
 
@@ -50,6 +57,10 @@ pub const SPEC: JobSpec = JobSpec {
 
 /// Rows per multi-row statement.
 const CHUNK: usize = 200;
+
+/// Most pending entries read when looking for the older events that explain a batch's no-op
+/// events: a dead consumer held at most a batch or a few (`PULSE_JOB_BATCH`, 100 by default).
+const PENDING_SCAN: usize = 10_000;
 
 /// A like event's fields, as `lua/like_set.lua` appends them.
 #[derive(Debug, serde::Deserialize)]
@@ -116,17 +127,28 @@ struct Committed {
     counts: HashMap<Subject, SqlCount>,
     /// SQL's state of every relation of the batch.
     relations: HashMap<(i64, Subject), Relation>,
-    archived: usize,
-    unchanged: usize,
+    outcome: Archived,
     /// The articles whose comments' like counts the batch changed, whose featured comments may
     /// have changed with them.
     featured_changed: Vec<i64>,
 }
 
+/// What archiving a batch did with its events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Archived {
+    /// Events newly written to `like_events` (not the ones it already held).
+    pub archived: usize,
+    /// Events that changed nothing because the same relation's events were archived out of
+    /// stream order: a takeover of a dead consumer's entries, not a loss.
+    pub late: usize,
+    /// Events that changed nothing with nothing to explain it: Redis had lost state SQL holds.
+    pub lost: usize,
+}
+
 pub struct LikeArchiver {
     db: DatabaseConnection,
     redis: Redis,
-    featured: FeaturedComments,
+    featured: FeaturedCommentService,
     relation_ttl: Duration,
     zone: Tz,
 }
@@ -135,7 +157,7 @@ impl LikeArchiver {
     pub fn new(
         db: DatabaseConnection,
         redis: Redis,
-        featured: FeaturedComments,
+        featured: FeaturedCommentService,
         relation_ttl: Duration,
         zone: Tz,
     ) -> Self {
@@ -170,6 +192,8 @@ impl LikeArchiver {
         let mut deltas: HashMap<Subject, i64> = HashMap::new();
         let mut fresh: Vec<(&Event, bool)> = Vec::new();
         let mut seen = HashSet::new();
+        let mut late = 0;
+        let mut unexplained = Vec::new();
         for event in events {
             if archived.contains(&event.id) || !seen.insert(event.id.as_str()) {
                 continue;
@@ -185,10 +209,17 @@ impl LikeArchiver {
                 changed_relations.insert(event.relation());
                 if changed {
                     *deltas.entry(event.subject).or_default() += if event.liked { 1 } else { -1 };
+                } else {
+                    unexplained.push(event);
                 }
+            } else {
+                late += 1;
             }
             fresh.push((event, changed));
         }
+        // Asked while the shard's lock is held: an older event cannot be committed and acknowledged
+        // by another consumer meanwhile.
+        let overtaken = self.overtaken(&txn, shard, events, &unexplained).await?;
         counts::add(&txn, &deltas).await?;
         let subjects: HashSet<Subject> = events.iter().map(|event| event.subject).collect();
         let counts = counts::read(&txn, subjects).await?;
@@ -262,10 +293,102 @@ impl LikeArchiver {
         Ok(Committed {
             counts,
             relations,
-            archived: fresh.len(),
-            unchanged: fresh.iter().filter(|(_, changed)| !changed).count(),
+            outcome: Archived {
+                archived: fresh.len(),
+                late: late + overtaken,
+                lost: unexplained.len() - overtaken,
+            },
             featured_changed,
         })
+    }
+
+    /// How many of `unexplained` (events newer than SQL's state of their relation that find it
+    /// already as they would leave it) an older event of the same relation explains: one still
+    /// pending in the shard's stream, outside this batch and not yet in SQL, which moved the
+    /// relation in Redis before them and will come late, as a takeover of a dead consumer's
+    /// entries does.
+    async fn overtaken(
+        &self,
+        txn: &DatabaseTransaction,
+        shard: u32,
+        batch: &[Event],
+        unexplained: &[&Event],
+    ) -> anyhow::Result<usize> {
+        let Some(newest) = unexplained
+            .iter()
+            .map(|event| stream_order(&event.entry))
+            .max()
+        else {
+            return Ok(0);
+        };
+        let stream = SPEC.keys(&self.redis, shard).stream();
+        let mut conn = self.redis.conn.clone();
+        let pending: StreamPendingCountReply = redis::cmd("XPENDING")
+            .arg(&stream)
+            .arg(SPEC.name)
+            .arg("-")
+            .arg(format!("{}-{}", newest.0, newest.1))
+            .arg(PENDING_SCAN)
+            .query_async(&mut conn)
+            .await?;
+        let in_batch: HashSet<&str> = batch.iter().map(|event| event.entry.as_str()).collect();
+        let mut ranges = redis::pipe();
+        for entry in pending
+            .ids
+            .iter()
+            .filter(|entry| !in_batch.contains(entry.id.as_str()))
+        {
+            ranges
+                .cmd("XRANGE")
+                .arg(&stream)
+                .arg(&entry.id)
+                .arg(&entry.id);
+        }
+        if ranges.is_empty() {
+            return Ok(0);
+        }
+        let replies: Vec<StreamRangeReply> = ranges.query_async(&mut conn).await?;
+        let mut older = Vec::new();
+        for id in replies.into_iter().flat_map(|reply| reply.ids) {
+            let fields = id
+                .map
+                .iter()
+                .filter_map(|(name, value)| {
+                    let value = redis::from_redis_value_ref::<String>(value).ok()?;
+                    Some((name.clone(), value))
+                })
+                .collect();
+            let entry = Entry {
+                shard,
+                id: id.id,
+                payload: fields,
+                deliveries: 1,
+            };
+            // An entry this job cannot read explains nothing; it fails on its own delivery.
+            if let Ok(event) = entry.decode().and_then(|entry| Event::parse(&entry)) {
+                older.push(event);
+            }
+        }
+        let archived = archived_ids(txn, &older).await?;
+        let earliest: HashMap<(i64, Subject), (u64, u64)> = older
+            .iter()
+            .filter(|event| !archived.contains(&event.id))
+            .fold(HashMap::new(), |mut earliest, event| {
+                let order = stream_order(&event.entry);
+                earliest
+                    .entry(event.relation())
+                    .and_modify(|at: &mut (u64, u64)| *at = (*at).min(order))
+                    .or_insert(order);
+                earliest
+            });
+        Ok(unexplained
+            .iter()
+            .filter(|event| {
+                earliest
+                    .get(&event.relation())
+                    .is_some_and(|&at| at < stream_order(&event.entry))
+            })
+            .count())
     }
 
     /// See `lua/like_settle.lua`.
@@ -344,22 +467,38 @@ impl Job for LikeArchiver {
     }
 
     async fn handle(&self, batch: &[Entry<LikeEntry>]) -> anyhow::Result<()> {
+        self.archive(batch).await.map(drop)
+    }
+}
+
+impl LikeArchiver {
+    /// Archives one batch of a shard's entries and settles it in Redis: the job's work, callable
+    /// by itself (a test that takes entries over by hand).
+    pub async fn archive(&self, batch: &[Entry<LikeEntry>]) -> anyhow::Result<Archived> {
         let Some(shard) = batch.first().map(|entry| entry.shard) else {
-            return Ok(());
+            return Ok(Archived::default());
         };
         let events = batch
             .iter()
             .map(Event::parse)
             .collect::<anyhow::Result<Vec<_>>>()?;
         let committed = self.commit(shard, &events).await?;
-        metrics::counter!("pulse_like_events_archived_total").increment(committed.archived as u64);
-        if committed.unchanged > 0 {
+        let outcome = committed.outcome;
+        metrics::counter!("pulse_like_events_archived_total").increment(outcome.archived as u64);
+        if outcome.late > 0 {
+            metrics::counter!("pulse_like_events_late_total").increment(outcome.late as u64);
+            tracing::debug!(
+                shard,
+                events = outcome.late,
+                "like events archived after newer ones of their relation (taken over)"
+            );
+        }
+        if outcome.lost > 0 {
             // Redis counted a change that SQL already had: it had come back older than SQL.
-            metrics::counter!("pulse_like_events_unchanged_total")
-                .increment(committed.unchanged as u64);
+            metrics::counter!("pulse_like_events_unchanged_total").increment(outcome.lost as u64);
             tracing::warn!(
                 shard,
-                events = committed.unchanged,
+                events = outcome.lost,
                 "like events that change nothing in SQL: Redis had lost state SQL holds"
             );
         }
@@ -373,7 +512,7 @@ impl Job for LikeArchiver {
         {
             tracing::warn!(shard, error = %err, "cannot refresh featured comments after archiving");
         }
-        Ok(())
+        Ok(outcome)
     }
 }
 
@@ -456,6 +595,12 @@ async fn sql_relations(
     Ok(states)
 }
 
+/// A stream id (`<ms>-<seq>`) as a pair that sorts as the stream does; a malformed one first.
+fn stream_order(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
 /// The local date of `at` as a number: 20261123.
 fn date_key(at: DateTime<Utc>, zone: Tz) -> i32 {
     let date = at.with_timezone(&zone).date_naive();
@@ -472,6 +617,13 @@ mod tests {
         let at: DateTime<Utc> = "2026-11-23T23:30:00Z".parse().unwrap();
         assert_eq!(date_key(at, chrono_tz::UTC), 20261123);
         assert_eq!(date_key(at, chrono_tz::Asia::Shanghai), 20261124);
+    }
+
+    #[test]
+    fn stream_ids_sort_as_the_stream_does() {
+        assert!(stream_order("9-3") < stream_order("10-0"));
+        assert!(stream_order("10-2") < stream_order("10-11"));
+        assert_eq!(stream_order("1763900000000-0"), (1_763_900_000_000, 0));
     }
 
     /// An event as the runtime reads it from the stream, decoded as the job does.

@@ -11,7 +11,7 @@
 //!
 //! The likes archive refreshes the lists of the articles whose comments' counts it changed, right
 //! after its commit, so that a like shows in the list once it is in SQL rather than a refresh
-//! interval later (see [`FeaturedComments::refresh_after_archive`]).
+//! interval later (see [`FeaturedCommentService::refresh_after_archive`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +38,7 @@ const COLD_POLL: Duration = Duration::from_millis(20);
 const ARCHIVE_REFRESH_SPACING: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
-pub struct FeaturedComments {
+pub struct FeaturedCommentService {
     redis: Redis,
     comments: CommentService,
     refresh: Duration,
@@ -46,7 +46,7 @@ pub struct FeaturedComments {
     recomputes: Arc<AtomicU64>,
 }
 
-impl FeaturedComments {
+impl FeaturedCommentService {
     pub fn new(redis: Redis, comments: CommentService, refresh: Duration) -> Self {
         Self {
             redis,

@@ -1,6 +1,5 @@
-use async_graphql::{Context, ID, Lookahead, Object, SimpleObject, Subscription};
+use async_graphql::{Context, ID, Lookahead, Object};
 use chrono::{DateTime, Utc};
-use futures_util::{Stream, StreamExt as _};
 
 use super::Subject;
 use super::comments::ARTICLE_COMMENTS;
@@ -13,7 +12,7 @@ use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{Connected, connection};
 use crate::graphql::{actor, loaders, services};
-use crate::pagination::{PageRequest, page_size};
+use crate::pagination::{PageRequest, PageSize};
 
 pub struct Comment(pub comments::Model);
 
@@ -156,7 +155,9 @@ pub async fn featured_comments(
     article: i64,
     first: Option<i32>,
 ) -> async_graphql::Result<Vec<Comment>> {
-    let first = page_size(first.unwrap_or(3), MAX_FEATURED as i32).gql()?;
+    let first = PageSize::parse(first.unwrap_or(3), MAX_FEATURED as i32)
+        .gql()?
+        .get();
     let ids = services(ctx).featured.get(article, first).await.gql()?;
     let mut found = loaders(ctx)
         .get::<CommentLoader>()
@@ -270,36 +271,4 @@ async fn set_like(
         like_count: outcome.like_count,
         subject,
     })
-}
-
-/// An article's counters at one moment.
-#[derive(SimpleObject)]
-pub struct ArticleStats {
-    article_id: ID,
-    view_count: i64,
-    like_count: i64,
-    comment_count: i64,
-}
-
-#[derive(Default)]
-pub struct LikesSubscription;
-
-#[Subscription]
-impl LikesSubscription {
-    /// An article's view, like and comment counts: at once, then whenever they change (at most
-    /// one update per `PULSE_STATS_TICK`). Ends if the article is deleted.
-    async fn article_stats_changed(
-        &self,
-        ctx: &Context<'_>,
-        article_id: ID,
-    ) -> async_graphql::Result<impl Stream<Item = ArticleStats> + use<>> {
-        let article = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
-        let stats = services(ctx).stats.watch(article).await.gql()?;
-        Ok(stats.map(|stats| ArticleStats {
-            article_id: ids::encode(NodeType::Article, stats.article),
-            view_count: stats.view_count,
-            like_count: stats.like_count,
-            comment_count: stats.comment_count,
-        }))
-    }
 }

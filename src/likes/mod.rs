@@ -28,7 +28,6 @@ pub mod graphql;
 pub mod loader;
 pub mod rebuild;
 pub mod service;
-pub mod stats;
 
 pub use archive::LikeArchiver;
 pub use comments::CommentService;

@@ -7,7 +7,7 @@ use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::{actor, loaders, services};
-use crate::pagination::page_size;
+use crate::pagination::PageSize;
 
 /// Most entries a ranking returns.
 const MAX_RANKING_SIZE: i32 = 100;
@@ -135,7 +135,9 @@ impl ViewsQuery {
         #[graphql(default_with = "RankingWindowGql::AllTime")] window: RankingWindowGql,
         #[graphql(default = 10)] first: Option<i32>,
     ) -> async_graphql::Result<Vec<RankedArticle>> {
-        let first = page_size(first.unwrap_or(DEFAULT_RANKING_SIZE), MAX_RANKING_SIZE).gql()?;
+        let first = PageSize::parse(first.unwrap_or(DEFAULT_RANKING_SIZE), MAX_RANKING_SIZE)
+            .gql()?
+            .get();
         let services = services(ctx);
         let ranked = match by {
             ArticleMetric::Views => services.views.top(window.into(), first).await,

@@ -63,14 +63,14 @@ pub struct NewOption {
 }
 
 #[derive(Clone)]
-pub struct PollAdmin {
+pub struct PollAdminService {
     db: DatabaseConnection,
     redis: Redis,
     accounts: AccountService,
     configs: PollConfigs,
 }
 
-impl PollAdmin {
+impl PollAdminService {
     pub fn new(
         db: DatabaseConnection,
         redis: Redis,

@@ -48,7 +48,7 @@ pub struct LiveTop {
 }
 
 #[derive(Clone)]
-pub struct LiveBoards {
+pub struct LiveBoardService {
     live: Coalescer<LiveBoard, LiveRanking>,
 }
 
@@ -60,7 +60,7 @@ pub struct LiveWorkers<'a> {
     pub tick: Duration,
 }
 
-impl LiveBoards {
+impl LiveBoardService {
     pub fn new(votes: VoteService, workers: LiveWorkers<'_>) -> Self {
         let keys = votes.redis_keys();
         let config = CoalescerConfig {

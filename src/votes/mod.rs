@@ -28,8 +28,8 @@ pub mod rebuild;
 pub mod rules;
 pub mod service;
 
-pub use admin::PollAdmin;
+pub use admin::PollAdminService;
 pub use archive::VoteArchiver;
 pub use config::PollConfigs;
-pub use live::LiveBoards;
+pub use live::LiveBoardService;
 pub use service::VoteService;

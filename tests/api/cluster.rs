@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use pulse::keys::VIEW_SHARDS;
 
-use crate::helpers::{TestApp, article_row, unique_suffix};
+use crate::helpers::{TestApp, article_row, eventually, unique_suffix};
 use crate::likes_reads::{next_stats, watch_stats};
 use crate::views::{BROWSER, distinct_ip, flusher, record, sql_view_count, view_count};
 use pulse::keys::ViewKeys;
@@ -309,27 +309,16 @@ async fn a_master_killed_under_load_fails_over_and_the_views_reconcile() {
     );
     // Ready again; the suite's other tests may keep SQL (MariaDB above all) slow for a while, so
     // the wait is generous, and only Redis's part of the answer counts here.
-    let ready_again = tokio::time::timeout(Duration::from_secs(30), async {
-        while !redis_ready(&app).await {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    eventually("/readyz reports Redis ready again", async || {
+        redis_ready(&app).await
     })
     .await;
-    assert!(
-        ready_again.is_ok(),
-        "/readyz did not report Redis ready again"
-    );
 
     // The flush repairs what the promoted replica missed, and counts nothing twice.
-    let mut flushed = false;
-    for _ in 0..20 {
-        if flusher(&app).flush_all().await.is_ok() {
-            flushed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    assert!(flushed, "views could not be flushed after the failover");
+    eventually("the views can be flushed after the failover", async || {
+        flusher(&app).flush_all().await.is_ok()
+    })
+    .await;
     let in_sql = sql_view_count(&app, &article).await;
     assert_eq!(view_count(&app, &article).await, in_sql);
     let acknowledged = outcomes.counted.len() as i64;

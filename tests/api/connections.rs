@@ -7,22 +7,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually};
 use crate::subscriptions::{
     SUBSCRIPTION, close_frame, next_message, open_socket, send, subscribed, wait_until_listening,
 };
 use pulse::keys::ArticleKeys;
 
 const SHORT: Duration = Duration::from_millis(300);
-
-/// Polls `condition` until it holds, for at most 10 s.
-async fn eventually(what: &str, condition: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Reads until the server closes the connection; returns what it sent and when it closed.
 async fn read_until_closed(stream: &mut TcpStream) -> (Vec<u8>, Instant) {
@@ -74,7 +65,7 @@ async fn hundreds_of_silent_websockets_are_all_closed_and_their_connections_rele
         futures_util::future::join_all((0..300).map(|_| open_socket(&app, "graphql-transport-ws")))
             .await;
     let connections = app.state.connections.clone();
-    eventually("all 300 websockets are counted", || {
+    eventually("all 300 websockets are counted", async || {
         connections.open_websockets() == 300
     })
     .await;
@@ -87,7 +78,7 @@ async fn hundreds_of_silent_websockets_are_all_closed_and_their_connections_rele
     )
     .await;
     assert!(codes.iter().all(|&code| code == 4408), "{codes:?}");
-    eventually("every websocket connection is released", || {
+    eventually("every websocket connection is released", async || {
         connections.open() == 0 && connections.open_websockets() == 0
     })
     .await;
@@ -111,7 +102,7 @@ async fn a_client_stalling_in_its_headers_is_cut_off_after_the_header_timeout() 
         !String::from_utf8_lossy(&answer).contains(" 200 "),
         "half a request was served"
     );
-    eventually("the connection is released", || {
+    eventually("the connection is released", async || {
         app.state.connections.open() == 0
     })
     .await;
@@ -185,7 +176,10 @@ async fn the_connection_cap_holds_a_flood_back_and_the_server_still_answers() {
         flood.push(TcpStream::connect(app.addr).await.unwrap());
     }
     let connections = app.state.connections.clone();
-    eventually("the cap is reached", || connections.open() == cap as usize).await;
+    eventually("the cap is reached", async || {
+        connections.open() == cap as usize
+    })
+    .await;
 
     let http = app.http.clone();
     let url = app.url("/healthz");
@@ -246,7 +240,7 @@ async fn a_subscription_id_may_be_reused_once_it_completed() {
             json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION } }),
         )
         .await;
-        eventually("both subscriptions run", || {
+        eventually("both subscriptions run", async || {
             app.state.hub.local_subscribers(&channel) == 2
         })
         .await;

@@ -9,7 +9,7 @@ use pulse::views::ViewFlusher;
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
 use serde_json::{Value, json};
 
-use crate::helpers::{PASSWORD, TestApp, pulse_command, test_config};
+use crate::helpers::{PASSWORD, TestApp, eventually, pulse_command, test_config};
 use pulse::keys::ViewKeys;
 
 const VIEWS: usize = 50;
@@ -64,8 +64,7 @@ impl SqlLock {
                  WHERE db = DATABASE() AND state LIKE 'Waiting for table%lock'"
                 .to_owned(),
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
+        eventually("another connection waits for the lock", async || {
             let row = self
                 .conn
                 .query_one_raw(sea_orm::Statement::from_string(
@@ -75,15 +74,9 @@ impl SqlLock {
                 .await
                 .unwrap()
                 .unwrap();
-            if row.try_get::<i64>("", "n").unwrap() > 0 {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "nothing ever waited for the lock"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            row.try_get::<i64>("", "n").unwrap() > 0
+        })
+        .await;
     }
 
     pub(crate) async fn release(self) {
@@ -133,18 +126,14 @@ pub(crate) async fn spawn_server_process(
         .spawn()
         .expect("the pulse binary starts");
     let http = reqwest::Client::new();
-    for _ in 0..200 {
-        if let Ok(response) = http
-            .get(format!("http://127.0.0.1:{port}/readyz"))
+    eventually("the server process is ready", async || {
+        http.get(format!("http://127.0.0.1:{port}/readyz"))
             .send()
             .await
-            && response.status() == 200
-        {
-            return child;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the server process never became ready");
+            .is_ok_and(|response| response.status() == 200)
+    })
+    .await;
+    child
 }
 
 async fn post(
@@ -228,12 +217,10 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
         counted += usize::from(response["data"]["recordView"]["counted"] == true);
     }
     assert_eq!(counted, VIEWS);
-    for _ in 0..100 {
-        if batches_in_flight(&config).await > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the flusher takes the views", async || {
+        batches_in_flight(&config).await > 0
+    })
+    .await;
     assert_eq!(
         batches_in_flight(&config).await,
         1,
@@ -268,14 +255,15 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
         ..config
     })
     .await;
-    let mut in_sql = 0;
-    for _ in 0..200 {
-        in_sql = restarted.stored_article(&article).await.view_count;
-        if in_sql >= VIEWS as i64 && batches_in_flight(&restarted.config).await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the batch left by the killed process is re-driven",
+        async || {
+            let in_sql = restarted.stored_article(&article).await.view_count;
+            in_sql >= VIEWS as i64 && batches_in_flight(&restarted.config).await == 0
+        },
+    )
+    .await;
+    let in_sql = restarted.stored_article(&article).await.view_count;
     assert_eq!(
         in_sql, VIEWS as i64,
         "the batch left by the killed process was not re-driven exactly once"

@@ -9,7 +9,7 @@ use pulse::graphql::ids::{self, NodeType};
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, article_row, error_code};
+use crate::helpers::{TestApp, article_row, error_code, eventually};
 use pulse::keys::FeedKeys;
 
 /// Creates `n` users straight in SQL (no password hashing: they get tokens from the signer).
@@ -173,17 +173,6 @@ pub(crate) async fn whole_feed(app: &TestApp, token: &str, page_size: i32) -> Ve
     }
 }
 
-pub(crate) async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 pub(crate) async fn redis_conn(app: &TestApp) -> pulse::redis::Link {
     app.state.redis.target.connect().await.unwrap()
 }
@@ -200,7 +189,7 @@ pub(crate) async fn in_inbox(app: &TestApp, user: i64, article: i64) -> bool {
     score.is_some()
 }
 
-async fn follow(app: &TestApp, token: &str, user: i64) -> Value {
+pub(crate) async fn follow(app: &TestApp, token: &str, user: i64) -> Value {
     app.graphql_as(
         Some(token),
         "mutation($u: ID!) { follow(userId: $u) { following user { followerCount viewerFollows } } }",
@@ -209,7 +198,7 @@ async fn follow(app: &TestApp, token: &str, user: i64) -> Value {
     .await
 }
 
-async fn unfollow(app: &TestApp, token: &str, user: i64) -> Value {
+pub(crate) async fn unfollow(app: &TestApp, token: &str, user: i64) -> Value {
     app.graphql_as(
         Some(token),
         "mutation($u: ID!) { unfollow(userId: $u) { following user { followerCount } } }",

@@ -7,8 +7,8 @@ use std::time::Duration;
 use pulse::config::Config;
 
 use crate::crash::{free_port, spawn_server_process};
-use crate::feed::{bulk_follow, eventually, publish, redis_conn, token, users};
-use crate::helpers::{TestApp, test_config};
+use crate::feed::{bulk_follow, publish, redis_conn, token, users};
+use crate::helpers::{TestApp, eventually, test_config};
 use pulse::keys::FeedKeys;
 
 const FOLLOWERS: usize = 20_000;

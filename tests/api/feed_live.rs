@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::crash::free_port;
-use crate::feed::{bulk_follow, eventually, feed_page, in_inbox, publish, token, users};
-use crate::helpers::{TestApp, article_row, test_config};
+use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
+use crate::helpers::{TestApp, article_row, eventually, test_config};
 use crate::subscriptions::{Socket, connect, next_message, send};
 use pulse::keys::FeedKeys;
 

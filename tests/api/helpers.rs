@@ -15,6 +15,19 @@ use tokio_util::sync::CancellationToken;
 
 pub const PASSWORD: &str = "correct horse battery";
 
+/// Polls `condition` every 20 ms until it holds, and fails the test with `what` after 30 s: how a
+/// test waits for what the app does in the background, instead of sleeping a guessed while.
+pub async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn redis_url() -> String {
     std::env::var("PULSE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }

@@ -22,7 +22,7 @@ use sea_orm::{
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::helpers::{redis_url, test_config};
+use crate::helpers::{eventually, redis_url, test_config};
 
 const JOB: JobSpec = JobSpec {
     name: "test-recorder",
@@ -232,21 +232,6 @@ async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
     row.try_get_by_index::<i64>(0).unwrap()
 }
 
-/// Polls `condition` until it holds; panics after 30 s.
-async fn wait_for<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..1500 {
-        if condition().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 async fn totals(redis: &Redis) -> jobs::StreamStatus {
     let streams = jobs::status(redis, JOB).await.unwrap();
     streams
@@ -271,7 +256,7 @@ async fn an_entry_that_fails_twice_then_succeeds_is_applied_exactly_once() {
         .await
         .unwrap();
 
-    wait_for("the entry to be acknowledged", || async {
+    eventually("the entry to be acknowledged", || async {
         runtime.poll_once(job.as_ref()).await.unwrap();
         totals(&redis).await.pending == 0 && job.calls(&format!("1/{id}")) > 0
     })
@@ -310,7 +295,7 @@ async fn a_poison_entry_is_dead_lettered_after_its_last_delivery_and_retry_dead_
             .unwrap();
     }
 
-    wait_for("the poison entry to reach the dead letters", || async {
+    eventually("the poison entry to reach the dead letters", || async {
         runtime.poll_once(job.as_ref()).await.unwrap();
         totals(&redis).await.dead == 1
     })
@@ -337,7 +322,7 @@ async fn a_poison_entry_is_dead_lettered_after_its_last_delivery_and_retry_dead_
     job.cured.store(true, Ordering::SeqCst);
     assert_eq!(jobs::retry_dead(&redis, JOB).await.unwrap(), 1);
     assert_eq!(totals(&redis).await.dead, 0);
-    wait_for("the retried entry to be applied", || async {
+    eventually("the retried entry to be applied", || async {
         runtime.poll_once(job.as_ref()).await.unwrap();
         count(
             &db,
@@ -465,7 +450,7 @@ async fn a_consumer_killed_mid_batch_has_its_entries_reclaimed_and_applied_exact
     let fixture = Fixture::new().await;
     let redis = fixture.redis().await;
     let mut child = spawn_child(&fixture, Duration::from_secs(3600));
-    wait_for("the child consumer to join the group", || async {
+    eventually("the child consumer to join the group", || async {
         !consumers(&redis, 0).await.is_empty()
     })
     .await;
@@ -490,7 +475,7 @@ async fn a_consumer_killed_mid_batch_has_its_entries_reclaimed_and_applied_exact
         }
         held as i64
     };
-    wait_for("the child to hold a batch", || async {
+    eventually("the child to hold a batch", || async {
         held_by_child().await > 0
     })
     .await;
@@ -514,12 +499,12 @@ async fn a_consumer_killed_mid_batch_has_its_entries_reclaimed_and_applied_exact
     let job = Recorder::new(db.clone(), &survivor);
     let stop = CancellationToken::new();
     let running = tokio::spawn(survivor.clone().run(job, stop.clone()));
-    wait_for("every entry to be applied and acknowledged", || async {
+    eventually("every entry to be applied and acknowledged", || async {
         count(&db, "SELECT COUNT(*) FROM job_applied").await == 2 * PER_SHARD as i64
             && totals(&redis).await.pending == 0
     })
     .await;
-    wait_for("the killed child's name to leave the group", || async {
+    eventually("the killed child's name to leave the group", || async {
         let mut listed = false;
         for shard in 0..JOB.shards {
             listed |= consumers(&redis, shard).await.contains_key(&child_name);
@@ -555,7 +540,7 @@ async fn two_consumer_processes_on_one_group_never_apply_an_entry_twice() {
         spawn_child(&fixture, Duration::from_secs(3600)),
         spawn_child(&fixture, Duration::from_secs(3600)),
     ];
-    wait_for("both children to join the group", || async {
+    eventually("both children to join the group", || async {
         consumers(&redis, 0).await.len() == 2 && consumers(&redis, 1).await.len() == 2
     })
     .await;
@@ -567,7 +552,7 @@ async fn two_consumer_processes_on_one_group_never_apply_an_entry_twice() {
             .unwrap();
     }
     let db = fixture.db().await;
-    wait_for("every entry to be applied and acknowledged", || async {
+    eventually("every entry to be applied and acknowledged", || async {
         let status = totals(&redis).await;
         status.pending == 0
             && status.lag == 0
@@ -634,7 +619,7 @@ async fn trimming_under_load_never_removes_an_unacknowledged_entry() {
         producer.await.unwrap();
     }
     let total = (PRODUCERS * PER_PRODUCER) as i64;
-    wait_for("every entry to be applied and acknowledged", || async {
+    eventually("every entry to be applied and acknowledged", || async {
         let status = totals(&redis).await;
         status.pending == 0
             && status.lag == 0
@@ -766,7 +751,7 @@ async fn the_runtime_counts_processed_failed_retried_and_dead_lettered_entries_a
             .await
             .unwrap();
     }
-    wait_for("the poison entry to reach the dead letters", || async {
+    eventually("the poison entry to reach the dead letters", || async {
         runtime.poll_once(job.as_ref()).await.unwrap();
         jobs::status(&redis, METERED).await.unwrap()[0].dead == 1
     })

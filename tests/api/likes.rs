@@ -12,7 +12,7 @@ use redis::AsyncCommands as _;
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, article_row, error_code, test_config};
+use crate::helpers::{TestApp, article_row, error_code, eventually, test_config};
 use pulse::keys::LikeKeys;
 
 pub const LIKE: &str = "mutation($s: ID!) { like(subjectId: $s) { liked likeCount subjectId } }";
@@ -151,18 +151,11 @@ pub async fn drain(app: &TestApp) {
         app.config.timezone,
     );
     let runtime = JobRuntime::new(app.state.redis.clone(), fast_jobs());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually("the likes archive drains", async || {
         runtime.poll_once(&archiver).await.unwrap();
-        if unarchived(app).await == 0 {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the likes archive did not drain"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        unarchived(app).await == 0
+    })
+    .await;
 }
 
 /// An app that runs no job consumer, so the test decides when to archive.
@@ -550,8 +543,10 @@ async fn events_archived_while_sql_was_locked_and_a_worker_was_killed_land_exact
 
     // The worker holds a batch, stuck on the lock; then it dies.
     lock.wait_for_a_waiter().await;
-    let held = held_by_others(&app).await;
-    assert!(held > 0, "the worker took no batch");
+    eventually("the worker holds a batch", async || {
+        held_by_others(&app).await > 0
+    })
+    .await;
     worker.kill().await.unwrap();
     lock.release().await;
 
@@ -588,17 +583,169 @@ async fn events_archived_while_sql_was_locked_and_a_worker_was_killed_land_exact
 
 /// Entries of the likes archive that consumers other than the test's hold.
 async fn held_by_others(app: &TestApp) -> u64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let pending: u64 = jobs::status(&app.state.redis, archive::SPEC)
-            .await
+    jobs::status(&app.state.redis, archive::SPEC)
+        .await
+        .unwrap()
+        .iter()
+        .map(|stream| stream.pending)
+        .sum()
+}
+
+fn archiver(app: &TestApp) -> LikeArchiver {
+    LikeArchiver::new(
+        app.state.db.clone(),
+        app.state.redis.clone(),
+        app.state.services.featured.clone(),
+        app.config.like_relation_ttl,
+        app.config.timezone,
+    )
+}
+
+fn entries(
+    shard: u32,
+    ids: Vec<redis::streams::StreamId>,
+    deliveries: u64,
+) -> Vec<jobs::Entry<archive::LikeEntry>> {
+    ids.into_iter()
+        .map(|id| {
+            jobs::Entry {
+                shard,
+                payload: id
+                    .map
+                    .iter()
+                    .map(|(name, value)| {
+                        (name.clone(), redis::from_redis_value_ref(value).unwrap())
+                    })
+                    .collect(),
+                id: id.id,
+                deliveries,
+            }
+            .decode()
             .unwrap()
-            .iter()
-            .map(|stream| stream.pending)
-            .sum();
-        if pending > 0 || tokio::time::Instant::now() >= deadline {
-            return pending;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        })
+        .collect()
+}
+
+/// The likes archive's new entries on `subject`'s shard, delivered to `consumer` as the runtime
+/// would (pending with it until acknowledged).
+async fn deliver(
+    app: &TestApp,
+    subject: Subject,
+    consumer: &str,
+) -> Vec<jobs::Entry<archive::LikeEntry>> {
+    let shard = pulse::keys::like_shard_of(subject.id());
+    let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
+    let mut redis = app.state.redis.conn.clone();
+    let created: redis::RedisResult<()> = redis
+        .xgroup_create_mkstream(&stream, archive::SPEC.name, "0")
+        .await;
+    if let Err(err) = created {
+        assert_eq!(err.code(), Some("BUSYGROUP"), "{err}");
     }
+    let reply: redis::streams::StreamReadReply = redis
+        .xread_options(
+            &[&stream],
+            &[">"],
+            &redis::streams::StreamReadOptions::default().group(archive::SPEC.name, consumer),
+        )
+        .await
+        .unwrap();
+    let ids = reply.keys.into_iter().flat_map(|key| key.ids).collect();
+    entries(shard, ids, 1)
+}
+
+/// `entries` claimed by `consumer`, as the runtime takes over a dead consumer's entries.
+async fn take_over(
+    app: &TestApp,
+    subject: Subject,
+    consumer: &str,
+    entries_held: &[jobs::Entry<archive::LikeEntry>],
+) -> Vec<jobs::Entry<archive::LikeEntry>> {
+    let shard = pulse::keys::like_shard_of(subject.id());
+    let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
+    let ids: Vec<&str> = entries_held.iter().map(|entry| entry.id.as_str()).collect();
+    let mut redis = app.state.redis.conn.clone();
+    let claimed: redis::streams::StreamClaimReply = redis
+        .xclaim(&stream, archive::SPEC.name, consumer, 0, &ids)
+        .await
+        .unwrap();
+    entries(shard, claimed.ids, 2)
+}
+
+#[tokio::test]
+async fn a_like_taken_over_after_newer_ones_of_its_relation_were_archived_is_late_not_lost() {
+    let app = app_archiving_on_demand().await;
+    let (_, article) = article(&app).await;
+    let (_, token) = users(&app, 1).await.remove(0);
+    let subject = Subject::Article(article_row(&article));
+    let archiver = archiver(&app);
+
+    set_like(&app, Some(&token), &article, true).await;
+    // A consumer takes the like, then dies before archiving it.
+    let held = deliver(&app, subject, "dead").await;
+    assert_eq!(held.len(), 1);
+    set_like(&app, Some(&token), &article, false).await;
+    set_like(&app, Some(&token), &article, true).await;
+
+    // The unlike finds SQL without the like it undoes: the held like explains it.
+    let newer = deliver(&app, subject, "alive").await;
+    assert_eq!(newer.len(), 2);
+    let outcome = archiver.archive(&newer).await.unwrap();
+    assert_eq!(
+        (outcome.archived, outcome.late, outcome.lost),
+        (2, 1, 0),
+        "{outcome:?}"
+    );
+    // The dead consumer's like, taken over: older than what SQL applied.
+    let taken = take_over(&app, subject, "alive", &held).await;
+    let outcome = archiver.archive(&taken).await.unwrap();
+    assert_eq!(
+        (outcome.archived, outcome.late, outcome.lost),
+        (1, 1, 0),
+        "{outcome:?}"
+    );
+
+    assert_eq!(unarchived(&app).await, 0);
+    assert_eq!(sql_article(&app, &article).await.like_count, 1);
+    assert_eq!(like_state(&app, Some(&token), &article).await, (1, true));
+    assert_eq!(like_events(&app, subject).await.len(), 3);
+}
+
+#[tokio::test]
+async fn a_like_that_redis_counted_again_after_losing_the_archived_one_is_lost_state() {
+    let app = app_archiving_on_demand().await;
+    let (_, article) = article(&app).await;
+    let (user, token) = users(&app, 1).await.remove(0);
+    let subject = Subject::Article(article_row(&article));
+    let archiver = archiver(&app);
+    set_like(&app, Some(&token), &article, true).await;
+    let first = deliver(&app, subject, "alive").await;
+    assert_eq!(archiver.archive(&first).await.unwrap().lost, 0);
+
+    // Redis comes back not knowing the archived like (as from an older snapshot): it counts the
+    // next like again, while SQL has it already.
+    let relation = app
+        .state
+        .redis
+        .keys
+        .like_shard(subject.id())
+        .relation(&subject.field(), user);
+    let mut redis = app.state.redis.conn.clone();
+    let _: () = redis.set(&relation, "0").await.unwrap();
+    let again = set_like(&app, Some(&token), &article, true).await;
+    assert_eq!(
+        payload(&again)["likeCount"],
+        2,
+        "Redis did not count it again"
+    );
+
+    let second = deliver(&app, subject, "alive").await;
+    let outcome = archiver.archive(&second).await.unwrap();
+    assert_eq!(
+        (outcome.archived, outcome.late, outcome.lost),
+        (1, 0, 1),
+        "{outcome:?}"
+    );
+    assert_eq!(sql_article(&app, &article).await.like_count, 1);
+    assert_eq!(like_state(&app, Some(&token), &article).await, (1, true));
 }

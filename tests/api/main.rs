@@ -8,6 +8,7 @@ mod connections;
 mod crash;
 mod feed;
 mod feed_fanout;
+mod feed_gaps;
 mod feed_live;
 mod feed_upkeep;
 mod field_order;

@@ -1,6 +1,6 @@
 use serde_json::json;
 
-use crate::helpers::{TestApp, app_on_a_private_redis, private_redis};
+use crate::helpers::{TestApp, app_on_a_private_redis, eventually, private_redis};
 
 #[tokio::test]
 async fn health_and_readiness_answer() {
@@ -70,21 +70,14 @@ async fn shutdown_lets_in_flight_requests_finish() {
         .collect();
     // Stop once the server has taken every request (working on it, or done with it), rather than
     // after a guessed delay. A finished client is no longer in flight, so none counts twice.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    let taken = || {
+    eventually("the server has taken every sign-up", async || {
         let done = in_flight
             .iter()
             .filter(|request| request.is_finished())
             .count();
-        app.state.connections.requests_in_flight() + done
-    };
-    while taken() < in_flight.len() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sign-ups never were all in flight"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
+        app.state.connections.requests_in_flight() + done >= in_flight.len()
+    })
+    .await;
     let state = app.state.clone();
     app.stop().await.expect("a clean shutdown");
 

@@ -8,7 +8,7 @@ use pulse::redis::embedded::find_or_start;
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::{Value, json};
 
-use crate::helpers::{private_redis, pulse_command, redis_url, test_config};
+use crate::helpers::{eventually, private_redis, pulse_command, redis_url, test_config};
 
 /// The `redis-server` processes working in `dir` (a server chdirs to its `--dir`; its command line
 /// is rewritten to its address, so the working directory is what names its data dir).
@@ -82,17 +82,6 @@ async fn graphql(port: u16, query: &str) -> Value {
         .json()
         .await
         .unwrap()
-}
-
-async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]

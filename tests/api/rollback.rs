@@ -14,7 +14,7 @@ use pulse::redis::Redis;
 use pulse::views::ViewFlusher;
 
 use crate::crash::SqlLock;
-use crate::helpers::{TestApp, article_row, stored_article};
+use crate::helpers::{TestApp, article_row, eventually, stored_article};
 use crate::views::{
     BROWSER, app_behind_proxy, concurrent_views, distinct_ip, flusher, pending_entries,
     publish_one, record, sql_view_count, view_count,
@@ -89,15 +89,9 @@ async fn redis_seq(app: &TestApp, article: &str) -> i64 {
     seq.unwrap_or(0)
 }
 
-/// Polls until the article's shard has taken batch `seq`, for at most 5 s.
+/// Waits until the article's shard has taken batch `seq`.
 async fn wait_for_redis_seq(app: &TestApp, article: &str, seq: i64, failure: &str) {
-    for _ in 0..200 {
-        if redis_seq(app, article).await == seq {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(redis_seq(app, article).await, seq, "{failure}");
+    eventually(failure, async || redis_seq(app, article).await == seq).await;
 }
 
 async fn top_score(app: &TestApp) -> f64 {

@@ -6,7 +6,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually};
 use pulse::keys::ArticleKeys;
 
 pub type Socket =
@@ -85,7 +85,7 @@ pub async fn close_frame(socket: &mut Socket) -> CloseFrame {
 pub async fn wait_until_listening(app: &TestApp) {
     let channel = app.state.redis.keys.articles_published_channel();
     let mut conn = app.state.redis.conn.clone();
-    for _ in 0..200 {
+    eventually("the subscription reaches Redis", async || {
         let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)
@@ -93,12 +93,9 @@ pub async fn wait_until_listening(app: &TestApp) {
             .await
             .unwrap()
             .remove(0);
-        if subscribers > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the subscription never reached Redis");
+        subscribers > 0
+    })
+    .await;
 }
 
 pub const SUBSCRIPTION: &str = "subscription { articlePublished { title author { handle } } }";
@@ -180,13 +177,10 @@ async fn subscribers_of_one_process_share_one_redis_subscription() {
         sockets.push(subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await);
     }
     let channel = app.state.redis.keys.articles_published_channel();
-    for _ in 0..200 {
-        if app.state.hub.local_subscribers(&channel) == 5 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(app.state.hub.local_subscribers(&channel), 5);
+    eventually("the five subscribers are counted", async || {
+        app.state.hub.local_subscribers(&channel) == 5
+    })
+    .await;
 
     app.publish(&token, "to everyone").await;
     for socket in &mut sockets {
@@ -206,13 +200,10 @@ async fn subscribers_of_one_process_share_one_redis_subscription() {
     assert_eq!(counts[0].1, 1, "one Redis subscription per process");
 
     drop(sockets);
-    for _ in 0..200 {
-        if app.state.hub.local_subscribers(&channel) == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("closed subscriptions were not released");
+    eventually("closed subscriptions are released", async || {
+        app.state.hub.local_subscribers(&channel) == 0
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@ use pulse::graphql::ids::{self, NodeType};
 use pulse::views::ViewFlusher;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, error_code, stored_article};
+use crate::helpers::{TestApp, error_code, eventually, stored_article};
 use pulse::keys::ViewKeys;
 
 const RECORD: &str = "mutation($a: ID!) { recordView(articleId: $a) { counted skipReason viewCount article { id } } }";
@@ -569,18 +569,18 @@ async fn two_servers_flushing_at_once_never_double_count() {
     let counted = spread_views(&[first.clone(), second.clone()], &articles, 400).await;
     assert_eq!(counted, 400);
 
-    let mut in_sql = 0;
-    for _ in 0..100 {
-        in_sql = 0;
+    let in_sql = async || {
+        let mut in_sql = 0;
         for article in &articles {
             in_sql += sql_view_count(&first, article).await;
         }
-        if in_sql >= 400 && pending_entries(&first).await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(in_sql, 400);
+        in_sql
+    };
+    eventually("every view is flushed", async || {
+        in_sql().await >= 400 && pending_entries(&first).await == 0
+    })
+    .await;
+    assert_eq!(in_sql().await, 400);
     assert_eq!(pending_entries(&first).await, 0);
     for article in &articles {
         assert_eq!(

@@ -11,7 +11,7 @@ use pulse::graphql::ids::NodeType;
 use pulse::votes::service::{Ballot, Origin};
 use serde_json::{Value, json};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually};
 use crate::likes::users;
 use crate::subscriptions::{Socket, connect, next_message, send};
 use crate::votes::{admin, create_poll, row, voter};
@@ -48,19 +48,16 @@ async fn snapshot(socket: &mut Socket) -> Value {
 async fn listening(app: &TestApp, poll: i64) {
     let channel = app.state.redis.keys.poll(poll).votes_channel();
     let mut conn = app.state.redis.conn.clone();
-    for _ in 0..200 {
+    eventually(&format!("a process subscribes to {channel}"), async || {
         let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)
             .query_async(&mut conn)
             .await
             .unwrap();
-        if counts[0].1 > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("no process subscribed to {channel}");
+        counts[0].1 > 0
+    })
+    .await;
 }
 
 fn version(snapshot: &Value) -> i64 {

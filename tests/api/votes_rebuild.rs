@@ -2,14 +2,13 @@
 //! were all deleted come back from the SQL vote log exactly as they were, floats included.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
 use pulse::votes::service::Origin;
 use serde_json::json;
 
-use crate::helpers::{TestApp, pulse_command, redis_url};
+use crate::helpers::{TestApp, eventually, pulse_command, redis_url};
 use crate::likes::users;
 use crate::votes::{admin, cast_at, create_poll, row};
 use pulse::keys::VoteKeys;
@@ -88,14 +87,10 @@ async fn rebuilding_from_the_vote_log_after_the_polls_keys_are_deleted_reproduce
         .filter(|outcome| outcome.rejection.is_none())
         .count();
     assert_eq!(accepted, 360);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while app.count("vote_log").await < 360 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the votes were not archived"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("every vote is archived", async || {
+        app.count("vote_log").await == 360
+    })
+    .await;
 
     let poll_row = row(&poll, pulse::graphql::ids::NodeType::Poll);
     let option_rows: Vec<i64> = options

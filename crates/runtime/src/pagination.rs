@@ -104,15 +104,26 @@ impl Cursor {
     }
 }
 
-/// `first` checked against a list's largest page, with one wording for every list.
-pub fn page_size(first: i32, max: i32) -> AppResult<usize> {
-    if !(0..=max).contains(&first) {
-        return Err(AppError::bad_input(
-            "first",
-            format!("first is {first}; it must be between 0 and {max}"),
-        ));
+/// A list's `first`, checked against its largest page with one wording for every list: the one
+/// place a page size is validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageSize(usize);
+
+impl PageSize {
+    /// `first` when it is within `0..=max`; `BAD_USER_INPUT` on `first` otherwise.
+    pub fn parse(first: i32, max: i32) -> AppResult<Self> {
+        if !(0..=max).contains(&first) {
+            return Err(AppError::bad_input(
+                "first",
+                format!("first is {first}; it must be between 0 and {max}"),
+            ));
+        }
+        Ok(Self(first as usize))
     }
-    Ok(first as usize)
+
+    pub fn get(self) -> usize {
+        self.0
+    }
 }
 
 /// A validated `first`/`after` pair for one walk.
@@ -125,10 +136,10 @@ pub struct PageRequest<K = ()> {
 
 impl<K: SortKey> PageRequest<K> {
     pub fn parse(walk: Walk, first: Option<i32>, after: Option<&str>) -> AppResult<Self> {
-        let first = page_size(first.unwrap_or(DEFAULT_PAGE_SIZE), MAX_PAGE_SIZE)?;
+        let first = PageSize::parse(first.unwrap_or(DEFAULT_PAGE_SIZE), MAX_PAGE_SIZE)?;
         Ok(Self {
             walk,
-            first: first as u64,
+            first: first.get() as u64,
             after: after.map(|raw| Cursor::decode(walk, raw)).transpose()?,
         })
     }
@@ -221,6 +232,21 @@ mod tests {
         assert!(long.len() > MAX_CURSOR_CHARS);
         let err = Cursor::decode::<()>(NEW, &long).unwrap_err();
         assert!(err.to_string().contains("malformed"), "{err}");
+    }
+
+    #[test]
+    fn page_sizes_outside_the_list_s_bounds_are_bad_input_in_one_wording() {
+        assert_eq!(PageSize::parse(0, 10).unwrap().get(), 0);
+        assert_eq!(PageSize::parse(10, 10).unwrap().get(), 10);
+        for (first, max) in [(11, 10), (-1, 100)] {
+            let err = PageSize::parse(first, max).unwrap_err();
+            assert_eq!(err.code(), "BAD_USER_INPUT");
+            assert!(
+                err.to_string()
+                    .contains(&format!("first is {first}; it must be between 0 and {max}")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -13,10 +13,10 @@ use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{LikeService, Subject};
-use crate::articles::ArticleService;
+use super::ArticleService;
 use crate::error::{AppError, AppResult};
 use crate::keys::ArticleKeys;
+use crate::likes::{LikeService, Subject};
 use crate::realtime::{Coalescer, CoalescerConfig, Hub, Snapshot};
 use crate::redis::Keys;
 use crate::views::ViewService;
