@@ -6,6 +6,8 @@
 use std::collections::{HashMap, HashSet};
 
 use pulse::entities::{articles, follows};
+use pulse::keys::FeedKeys;
+use pulse::scripts::SCRIPTS;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
@@ -14,8 +16,6 @@ use crate::feed::{
     follow, in_inbox, publish, redis_conn, stored_articles, token, unfollow, users, whole_feed,
 };
 use crate::helpers::{TestApp, eventually, pulse_command};
-use pulse::keys::FeedKeys;
-use pulse::scripts::SCRIPTS;
 
 /// The feed as SQL has it: the articles of the authors `reader` follows now, newest first.
 async fn sql_answer(app: &TestApp, reader: i64) -> Vec<i64> {
