@@ -21,7 +21,7 @@ use crate::feed::follow_sync::FollowHook;
 use crate::feed::publications::Relay;
 use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
-use crate::jobs::{Job, JobRuntime, JobSettings, JobSpec};
+use crate::jobs::{Handler, JobRuntime, JobSettings, JobSpec};
 use crate::likes::featured::FeaturedCommentService;
 use crate::likes::{CommentService, LikeArchiver, LikeService};
 use crate::realtime::Hub;
@@ -187,7 +187,7 @@ impl Services {
                 .await
                 .context("cannot open the background jobs' Redis connection")?;
             let feed_store = feed_store.with_redis(redis.clone());
-            let jobs: Vec<Arc<dyn Job>> = vec![
+            let jobs: Vec<Arc<dyn Handler>> = vec![
                 Arc::new(LikeArchiver::new(
                     db.clone(),
                     redis.clone(),
@@ -201,7 +201,9 @@ impl Services {
                 Arc::new(crate::feed::follow_sync::FollowSync(feed_store)),
             ];
             anyhow::ensure!(
-                jobs.iter().map(|job| job.spec()).eq(JOBS.iter().copied()),
+                jobs.iter()
+                    .map(|job| job.job_spec())
+                    .eq(JOBS.iter().copied()),
                 "the jobs started are not the jobs of services::JOBS"
             );
             workers

@@ -8,7 +8,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use anyhow::{Context as _, anyhow};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 
@@ -31,35 +30,20 @@ pub fn shard_of(author: i64) -> u32 {
 
 pub struct Dispatcher(pub FeedStore);
 
-/// A publication as the relay appended it.
-struct Publication {
-    id: i64,
-    article: i64,
-    author: i64,
-}
-
-impl Publication {
-    fn parse(entry: &Entry) -> anyhow::Result<Self> {
-        let number = |name: &str| -> anyhow::Result<i64> {
-            entry
-                .field(name)
-                .ok_or_else(|| anyhow!("publication {} has no {name}", entry.id))?
-                .parse()
-                .with_context(|| format!("publication {} has a malformed {name}", entry.id))
-        };
-        Ok(Self {
-            id: number("publication")?,
-            article: number("article")?,
-            author: number("author")?,
-        })
-    }
+/// A publication as the relay appends it (`publications.rs`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Publication {
+    #[serde(rename = "publication")]
+    pub id: i64,
+    pub article: i64,
+    pub author: i64,
 }
 
 impl Dispatcher {
     /// Dispatches `author`'s publications of one batch together: one outbox write and one set of
     /// fan-out chunks carrying all of their articles, so a burst of publications by one author
     /// costs each follower's inbox one script step, not one per article.
-    async fn dispatch(&self, author: i64, publications: &[Publication]) -> anyhow::Result<()> {
+    async fn dispatch(&self, author: i64, publications: &[&Publication]) -> anyhow::Result<()> {
         let store = &self.0;
         let wanted: Vec<i64> = publications.iter().map(|p| p.article).collect();
         let exists = articles::Entity::find()
@@ -121,7 +105,7 @@ impl Dispatcher {
             pipe.xadd(
                 fanout::SPEC.keys(&store.redis, shard as u32).stream(),
                 "*",
-                &fanout::Chunk::fields(articles, author, slice),
+                &fanout::Chunk::new(articles, author, slice).fields()?,
             )
             .ignore();
         }
@@ -135,14 +119,16 @@ impl Dispatcher {
 
 #[async_trait::async_trait]
 impl Job for Dispatcher {
+    type Payload = Publication;
+
     fn spec(&self) -> JobSpec {
         SPEC
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
-        let mut by_author: BTreeMap<i64, Vec<Publication>> = BTreeMap::new();
+    async fn handle(&self, batch: &[Entry<Publication>]) -> anyhow::Result<()> {
+        let mut by_author: BTreeMap<i64, Vec<&Publication>> = BTreeMap::new();
         for entry in batch {
-            let publication = Publication::parse(entry)?;
+            let publication = &entry.payload;
             by_author
                 .entry(publication.author)
                 .or_default()
@@ -152,5 +138,27 @@ impl Job for Dispatcher {
             self.dispatch(*author, publications).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Publication;
+
+    /// The fields as the relay wrote them before the payload became typed still decode, and a
+    /// publication written now has the same fields.
+    #[test]
+    fn a_publication_written_the_old_way_decodes() {
+        let old: crate::jobs::Fields = [("publication", "31"), ("article", "400"), ("author", "9")]
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+        let publication: Publication = crate::jobs::fields::from_fields(&old).unwrap();
+        assert_eq!(
+            (publication.id, publication.article, publication.author),
+            (31, 400, 9)
+        );
+        let written = crate::jobs::fields::to_fields(&publication).unwrap();
+        assert_eq!(written.into_iter().collect::<crate::jobs::Fields>(), old);
     }
 }

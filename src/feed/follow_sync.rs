@@ -13,7 +13,7 @@
 //! crossed it are in no inbox: their recent articles are merged into the inbox of every active
 //! follower (their audience: readers join the audiences of celebrities too).
 
-use anyhow::{Context as _, anyhow};
+use anyhow::bail;
 
 use super::FeedStore;
 use crate::follows::service::{FollowChange, FollowListener};
@@ -25,6 +25,19 @@ pub const SPEC: JobSpec = JobSpec {
     shards: 4,
     tag: "fw",
 };
+
+/// A feed-follows entry: a follow change (`follower` and `followee`), or an author who fell below
+/// the celebrity threshold (`fallen`). Absent fields are left out of the entry, as before the
+/// payload was typed.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FollowEntry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    follower: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    followee: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallen: Option<i64>,
+}
 
 /// The shard of a follower's follow changes: one user's changes stay in order.
 pub fn shard_of(follower: i64) -> u32 {
@@ -44,20 +57,24 @@ impl FollowListener for FollowHook {
         let (follower, followee) = (change.follower, change.followee);
         let mut entries = vec![(
             shard_of(follower),
-            vec![
-                ("follower", follower.to_string()),
-                ("followee", followee.to_string()),
-            ],
+            FollowEntry {
+                follower: Some(follower),
+                followee: Some(followee),
+                fallen: None,
+            },
         )];
         // The count is read in the change's own transaction: exactly one unfollow takes an
         // author from the threshold to just below it.
         let threshold = self.0.settings.celebrity_followers;
         if !change.following && u64::try_from(change.followers + 1).ok() == Some(threshold) {
-            entries.push((shard_of(followee), vec![("fallen", followee.to_string())]));
+            let fallen = FollowEntry {
+                fallen: Some(followee),
+                ..FollowEntry::default()
+            };
+            entries.push((shard_of(followee), fallen));
         }
-        for (shard, fields) in entries {
-            let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            if let Err(err) = crate::jobs::enqueue(&self.0.redis, SPEC, shard, &fields).await {
+        for (shard, entry) in entries {
+            if let Err(err) = crate::jobs::enqueue(&self.0.redis, SPEC, shard, &entry).await {
                 tracing::warn!(error = %err, follower, followee, "follow change not queued for the feed");
             }
         }
@@ -126,25 +143,58 @@ impl FollowSync {
 
 #[async_trait::async_trait]
 impl Job for FollowSync {
+    type Payload = FollowEntry;
+
     fn spec(&self) -> JobSpec {
         SPEC
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+    async fn handle(&self, batch: &[Entry<FollowEntry>]) -> anyhow::Result<()> {
         for entry in batch {
-            let number = |name: &str| -> anyhow::Result<i64> {
-                entry
-                    .field(name)
-                    .ok_or_else(|| anyhow!("follow change {} has no {name}", entry.id))?
-                    .parse()
-                    .with_context(|| format!("follow change {} has a malformed {name}", entry.id))
-            };
-            if entry.field("fallen").is_some() {
-                self.fallen(number("fallen")?).await?;
-            } else {
-                self.sync(number("follower")?, number("followee")?).await?;
+            match entry.payload {
+                FollowEntry {
+                    fallen: Some(author),
+                    ..
+                } => self.fallen(author).await?,
+                FollowEntry {
+                    follower: Some(follower),
+                    followee: Some(followee),
+                    fallen: None,
+                } => self.sync(follower, followee).await?,
+                _ => bail!("feed-follows entry {} names no change", entry.id),
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FollowEntry;
+
+    fn fields(pairs: &[(&str, &str)]) -> crate::jobs::Fields {
+        pairs
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect()
+    }
+
+    /// Entries as they were queued before the payload became typed still decode, and an entry
+    /// written now has the same fields.
+    #[test]
+    fn follow_changes_and_fallen_authors_written_the_old_way_decode() {
+        for old in [
+            fields(&[("follower", "12"), ("followee", "5")]),
+            fields(&[("fallen", "5")]),
+        ] {
+            let entry: FollowEntry = crate::jobs::fields::from_fields(&old).unwrap();
+            let written = crate::jobs::fields::to_fields(&entry).unwrap();
+            assert_eq!(written.into_iter().collect::<crate::jobs::Fields>(), old);
+        }
+        let change: FollowEntry =
+            crate::jobs::fields::from_fields(&fields(&[("follower", "12"), ("followee", "5")]))
+                .unwrap();
+        assert_eq!((change.follower, change.followee), (Some(12), Some(5)));
+        assert_eq!(change.fallen, None);
     }
 }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{FeedStore, dispatch};
 use crate::db::retry_once;
 use crate::entities::{articles, feed_publications};
-use crate::error::AppResult;
+use crate::error::{AppError, AppResult};
 
 /// A row relayed this long ago and still not dispatched lost its stream entry (a Redis that came
 /// back older than SQL): it is relayed again. Far longer than a dispatch takes, since a row relayed
@@ -76,16 +76,14 @@ impl Relay {
             let stream = dispatch::SPEC
                 .keys(&self.store.redis, dispatch::shard_of(row.author_id))
                 .stream();
-            pipe.xadd(
-                stream,
-                "*",
-                &[
-                    ("publication", row.id.to_string()),
-                    ("article", row.article_id.to_string()),
-                    ("author", row.author_id.to_string()),
-                ],
-            )
-            .ignore();
+            let publication = dispatch::Publication {
+                id: row.id,
+                article: row.article_id,
+                author: row.author_id,
+            };
+            let fields = crate::jobs::fields::to_fields(&publication)
+                .map_err(|err| AppError::Internal(err.to_string()))?;
+            pipe.xadd(stream, "*", &fields).ignore();
         }
         let () = pipe.query_async(&mut conn).await?;
         let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();

@@ -30,7 +30,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{anyhow, bail};
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use redis::streams::{StreamPendingCountReply, StreamRangeReply};
@@ -45,8 +45,7 @@ use super::service::SqlCount;
 use super::{Subject, counts};
 use crate::entities::{comments, like_archive_shards, like_events, likes};
 use crate::jobs::{Entry, Job, JobSpec};
-use crate::keys::LikeKeys;
-use crate::keys::{LIKE_SHARDS, LikeShardKeys};
+use crate::keys::{LIKE_SHARDS, LikeKeys, LikeShardKeys};
 use crate::redis::Redis;
 use crate::scripts::SCRIPTS;
 
@@ -63,6 +62,19 @@ const CHUNK: usize = 200;
 /// events: a dead consumer held at most a batch or a few (`PULSE_JOB_BATCH`, 100 by default).
 const PENDING_SCAN: usize = 10_000;
 
+/// A like event's fields, as `lua/like_set.lua` appends them.
+#[derive(Debug, serde::Deserialize)]
+pub struct LikeEntry {
+    event: String,
+    user: i64,
+    kind: i16,
+    subject: i64,
+    liked: bool,
+    seq: i64,
+    /// Milliseconds since the epoch.
+    at: i64,
+}
+
 /// One like or unlike as the like script appended it.
 #[derive(Clone, Debug)]
 struct Event {
@@ -77,38 +89,22 @@ struct Event {
 }
 
 impl Event {
-    fn parse(entry: &Entry) -> anyhow::Result<Self> {
-        let field = |name: &str| {
-            entry
-                .field(name)
-                .ok_or_else(|| anyhow!("like event {} has no {name}", entry.id))
-        };
-        let number = |name: &str| -> anyhow::Result<i64> {
-            field(name)?
-                .parse()
-                .with_context(|| format!("like event {} has a malformed {name}", entry.id))
-        };
-        let id = field("event")?;
-        if id.is_empty() || id.len() > 32 {
+    fn parse(entry: &Entry<LikeEntry>) -> anyhow::Result<Self> {
+        let fields = &entry.payload;
+        if fields.event.is_empty() || fields.event.len() > 32 {
             bail!("like event {} has a malformed event id", entry.id);
         }
-        let kind = i16::try_from(number("kind")?)?;
-        let subject = Subject::from_kind_code(kind, number("subject")?)
+        let subject = Subject::from_kind_code(fields.kind, fields.subject)
             .ok_or_else(|| anyhow!("like event {} has an unknown subject kind", entry.id))?;
-        let liked = match field("liked")? {
-            "1" => true,
-            "0" => false,
-            other => bail!("like event {} has liked = {other:?}", entry.id),
-        };
-        let at = DateTime::from_timestamp_millis(number("at")?)
+        let at = DateTime::from_timestamp_millis(fields.at)
             .ok_or_else(|| anyhow!("like event {} has a malformed time", entry.id))?;
         Ok(Self {
             entry: entry.id.clone(),
-            id: id.to_owned(),
-            user: number("user")?,
+            id: fields.event.clone(),
+            user: fields.user,
             subject,
-            liked,
-            seq: number("seq")?,
+            liked: fields.liked,
+            seq: fields.seq,
             at,
         })
     }
@@ -365,11 +361,11 @@ impl LikeArchiver {
             let entry = Entry {
                 shard,
                 id: id.id,
-                fields,
+                payload: fields,
                 deliveries: 1,
             };
             // An entry this job cannot read explains nothing; it fails on its own delivery.
-            if let Ok(event) = Event::parse(&entry) {
+            if let Ok(event) = entry.decode().and_then(|entry| Event::parse(&entry)) {
                 older.push(event);
             }
         }
@@ -464,11 +460,13 @@ impl LikeArchiver {
 
 #[async_trait::async_trait]
 impl Job for LikeArchiver {
+    type Payload = LikeEntry;
+
     fn spec(&self) -> JobSpec {
         SPEC
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+    async fn handle(&self, batch: &[Entry<LikeEntry>]) -> anyhow::Result<()> {
         self.archive(batch).await.map(drop)
     }
 }
@@ -476,7 +474,7 @@ impl Job for LikeArchiver {
 impl LikeArchiver {
     /// Archives one batch of a shard's entries and settles it in Redis: the job's work, callable
     /// by itself (a test that takes entries over by hand).
-    pub async fn archive(&self, batch: &[Entry]) -> anyhow::Result<Archived> {
+    pub async fn archive(&self, batch: &[Entry<LikeEntry>]) -> anyhow::Result<Archived> {
         let Some(shard) = batch.first().map(|entry| entry.shard) else {
             return Ok(Archived::default());
         };
@@ -628,18 +626,22 @@ mod tests {
         assert_eq!(stream_order("1763900000000-0"), (1_763_900_000_000, 0));
     }
 
-    fn entry(fields: &[(&str, &str)]) -> Entry {
-        Entry {
+    /// An event as the runtime reads it from the stream, decoded as the job does.
+    fn parse(fields: &[(&str, &str)]) -> anyhow::Result<Event> {
+        let entry = Entry {
             shard: 3,
             id: "1-0".into(),
-            fields: fields
+            payload: fields
                 .iter()
                 .map(|(name, value)| (name.to_string(), value.to_string()))
                 .collect(),
             deliveries: 1,
-        }
+        };
+        Event::parse(&entry.decode()?)
     }
 
+    /// The fields in the order and form `lua/like_set.lua` has always written them, so entries
+    /// already in the streams when the payload became typed still decode.
     #[test]
     fn events_parse_and_malformed_ones_are_refused() {
         let good = [
@@ -651,7 +653,7 @@ mod tests {
             ("seq", "4"),
             ("at", "1763900000000"),
         ];
-        let event = Event::parse(&entry(&good)).unwrap();
+        let event = parse(&good).unwrap();
         assert_eq!(event.subject, Subject::Comment(19));
         assert!(event.liked);
         for (name, bad) in [
@@ -664,8 +666,8 @@ mod tests {
                 .iter()
                 .map(|&(field, value)| (field, if field == name { bad } else { value }))
                 .collect();
-            assert!(Event::parse(&entry(&fields)).is_err(), "{name} = {bad}");
+            assert!(parse(&fields).is_err(), "{name} = {bad}");
         }
-        assert!(Event::parse(&entry(&good[1..])).is_err());
+        assert!(parse(&good[1..]).is_err());
     }
 }

@@ -119,7 +119,29 @@ impl Recorder {
     }
 }
 
-fn key(entry: &Entry) -> String {
+/// The test jobs' entry: a payload and, when set, how the handler fails it (`poison` until cured,
+/// or a number of deliveries).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Task {
+    payload: String,
+    fail: Option<String>,
+}
+
+fn task(payload: &str) -> Task {
+    Task {
+        payload: payload.to_owned(),
+        fail: None,
+    }
+}
+
+fn failing(payload: &str, fail: &str) -> Task {
+    Task {
+        payload: payload.to_owned(),
+        fail: Some(fail.to_owned()),
+    }
+}
+
+fn key(entry: &Entry<Task>) -> String {
     format!("{}/{}", entry.shard, entry.id)
 }
 
@@ -143,11 +165,13 @@ fn statement(backend: DbBackend, sql: &str, values: Vec<Value>) -> Statement {
 
 #[async_trait::async_trait]
 impl Job for Recorder {
+    type Payload = Task;
+
     fn spec(&self) -> JobSpec {
         self.spec
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+    async fn handle(&self, batch: &[Entry<Task>]) -> anyhow::Result<()> {
         for entry in batch {
             let call = {
                 let mut calls = self.calls.lock().unwrap();
@@ -155,7 +179,7 @@ impl Job for Recorder {
                 *call += 1;
                 *call
             };
-            match entry.field("fail") {
+            match entry.payload.fail.as_deref() {
                 Some("poison") if !self.cured.load(Ordering::SeqCst) => {
                     anyhow::bail!("entry {} is poison", entry.id)
                 }
@@ -188,7 +212,7 @@ impl Job for Recorder {
                 insert_applied,
                 vec![
                     key(entry).into(),
-                    entry.field("payload").unwrap_or_default().into(),
+                    entry.payload.payload.as_str().into(),
                     (entry.deliveries as i64).into(),
                 ],
             ))
@@ -228,7 +252,7 @@ async fn an_entry_that_fails_twice_then_succeeds_is_applied_exactly_once() {
     let (db, redis) = (fixture.db().await, fixture.redis().await);
     let runtime = JobRuntime::new(redis.clone(), settings());
     let job = Recorder::new(db.clone(), &runtime);
-    let id = jobs::enqueue(&redis, JOB, 1, &[("payload", "flaky"), ("fail", "2")])
+    let id = jobs::enqueue(&redis, JOB, 1, &failing("flaky", "2"))
         .await
         .unwrap();
 
@@ -261,12 +285,12 @@ async fn a_poison_entry_is_dead_lettered_after_its_last_delivery_and_retry_dead_
     let (db, redis) = (fixture.db().await, fixture.redis().await);
     let runtime = JobRuntime::new(redis.clone(), settings());
     let job = Recorder::new(db.clone(), &runtime);
-    let poison = jobs::enqueue(&redis, JOB, 0, &[("payload", "bad"), ("fail", "poison")])
+    let poison = jobs::enqueue(&redis, JOB, 0, &failing("bad", "poison"))
         .await
         .unwrap();
     for n in 0..5 {
         let payload = format!("good{n}");
-        jobs::enqueue(&redis, JOB, 0, &[("payload", payload.as_str())])
+        jobs::enqueue(&redis, JOB, 0, &task(&payload))
             .await
             .unwrap();
     }
@@ -436,7 +460,7 @@ async fn a_consumer_killed_mid_batch_has_its_entries_reclaimed_and_applied_exact
     for shard in 0..2 {
         for n in 0..PER_SHARD {
             let payload = format!("s{shard}n{n}");
-            jobs::enqueue(&redis, JOB, shard, &[("payload", payload.as_str())])
+            jobs::enqueue(&redis, JOB, shard, &task(&payload))
                 .await
                 .unwrap();
         }
@@ -523,14 +547,9 @@ async fn two_consumer_processes_on_one_group_never_apply_an_entry_twice() {
 
     for n in 0..ENTRIES {
         let payload = format!("n{n}");
-        jobs::enqueue(
-            &redis,
-            JOB,
-            (n % 2) as u32,
-            &[("payload", payload.as_str())],
-        )
-        .await
-        .unwrap();
+        jobs::enqueue(&redis, JOB, (n % 2) as u32, &task(&payload))
+            .await
+            .unwrap();
     }
     let db = fixture.db().await;
     eventually("every entry to be applied and acknowledged", || async {
@@ -574,7 +593,7 @@ async fn trimming_under_load_never_removes_an_unacknowledged_entry() {
                     // ones while the trimmer runs.
                     let fail = if n % 7 == 0 { "1" } else { "0" };
                     let shard = (n % 2) as u32;
-                    jobs::enqueue(&redis, JOB, shard, &[("payload", &payload), ("fail", fail)])
+                    jobs::enqueue(&redis, JOB, shard, &failing(&payload, fail))
                         .await
                         .unwrap();
                     if n % 20 == 0 {
@@ -649,11 +668,13 @@ struct Gated {
 
 #[async_trait::async_trait]
 impl Job for Gated {
+    type Payload = Task;
+
     fn spec(&self) -> JobSpec {
         JOB
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+    async fn handle(&self, batch: &[Entry<Task>]) -> anyhow::Result<()> {
         self.entered.send(batch.len()).unwrap();
         self.release.notified().await;
         self.inner.handle(batch).await
@@ -666,7 +687,7 @@ async fn a_stopping_consumer_finishes_and_acknowledges_the_batch_in_hand_and_tak
     let (db, redis) = (fixture.db().await, fixture.redis().await);
     for n in 0..25 {
         let payload = format!("n{n}");
-        jobs::enqueue(&redis, JOB, 0, &[("payload", payload.as_str())])
+        jobs::enqueue(&redis, JOB, 0, &task(&payload))
             .await
             .unwrap();
     }
@@ -726,7 +747,7 @@ async fn the_runtime_counts_processed_failed_retried_and_dead_lettered_entries_a
         ("d", "1"),
         ("e", "poison"),
     ] {
-        jobs::enqueue(&redis, METERED, 0, &[("payload", payload), ("fail", fail)])
+        jobs::enqueue(&redis, METERED, 0, &failing(payload, fail))
             .await
             .unwrap();
     }
@@ -736,7 +757,7 @@ async fn the_runtime_counts_processed_failed_retried_and_dead_lettered_entries_a
     })
     .await;
     for payload in ["f", "g"] {
-        jobs::enqueue(&redis, METERED, 0, &[("payload", payload)])
+        jobs::enqueue(&redis, METERED, 0, &task(payload))
             .await
             .unwrap();
     }
@@ -778,11 +799,13 @@ const OVERLAP_JOB: JobSpec = JobSpec {
 
 #[async_trait::async_trait]
 impl Job for OverlapWatcher {
+    type Payload = Task;
+
     fn spec(&self) -> JobSpec {
         OVERLAP_JOB
     }
 
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()> {
+    async fn handle(&self, batch: &[Entry<Task>]) -> anyhow::Result<()> {
         let shard = batch[0].shard;
         {
             let mut in_flight = self.in_flight.lock().unwrap();
@@ -813,7 +836,7 @@ async fn a_runtime_handles_as_many_shards_at_once_as_it_is_told_and_one_batch_pe
     for shard in 0..OVERLAP_JOB.shards {
         for n in 0..3 {
             let payload = format!("{shard}-{n}");
-            let id = jobs::enqueue(&redis, OVERLAP_JOB, shard, &[("payload", payload.as_str())])
+            let id = jobs::enqueue(&redis, OVERLAP_JOB, shard, &task(&payload))
                 .await
                 .unwrap();
             ids.push(format!("{shard}/{id}"));

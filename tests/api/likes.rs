@@ -601,24 +601,34 @@ fn archiver(app: &TestApp) -> LikeArchiver {
     )
 }
 
-fn entries(shard: u32, ids: Vec<redis::streams::StreamId>, deliveries: u64) -> Vec<jobs::Entry> {
+fn entries(
+    shard: u32,
+    ids: Vec<redis::streams::StreamId>,
+    deliveries: u64,
+) -> Vec<jobs::Entry<archive::LikeEntry>> {
     ids.into_iter()
-        .map(|id| jobs::Entry {
-            shard,
-            fields: id
-                .map
-                .iter()
-                .map(|(name, value)| (name.clone(), redis::from_redis_value_ref(value).unwrap()))
-                .collect(),
-            id: id.id,
-            deliveries,
+        .map(|id| {
+            jobs::Entry {
+                shard,
+                payload: id
+                    .map
+                    .iter()
+                    .map(|(name, value)| {
+                        (name.clone(), redis::from_redis_value_ref(value).unwrap())
+                    })
+                    .collect(),
+                id: id.id,
+                deliveries,
+            }
+            .decode()
+            .unwrap()
         })
         .collect()
 }
 
 /// The likes archive's new entries, delivered to `consumer` as the runtime would (pending with it
 /// until acknowledged). Every shard is read: the test's own prefix holds only its subject's.
-async fn deliver(app: &TestApp, consumer: &str) -> Vec<jobs::Entry> {
+async fn deliver(app: &TestApp, consumer: &str) -> Vec<jobs::Entry<archive::LikeEntry>> {
     let mut redis = app.state.redis.conn.clone();
     let mut delivered = Vec::new();
     for shard in 0..archive::SPEC.shards {
@@ -643,7 +653,11 @@ async fn deliver(app: &TestApp, consumer: &str) -> Vec<jobs::Entry> {
 
 /// `held` (entries of one shard) claimed by `consumer`, as the runtime takes over a dead
 /// consumer's entries.
-async fn take_over(app: &TestApp, consumer: &str, held: &[jobs::Entry]) -> Vec<jobs::Entry> {
+async fn take_over(
+    app: &TestApp,
+    consumer: &str,
+    held: &[jobs::Entry<archive::LikeEntry>],
+) -> Vec<jobs::Entry<archive::LikeEntry>> {
     let shard = held[0].shard;
     let stream = archive::SPEC.keys_in(&app.state.redis.keys, shard).stream();
     let ids: Vec<&str> = held.iter().map(|entry| entry.id.as_str()).collect();

@@ -1,9 +1,11 @@
 //! Durable background jobs on Redis Streams: one file per job, one runtime for all of them.
 //!
-//! A job is a [`JobSpec`] (its name and how many shard streams it reads) and an idempotent
-//! [`Job::handle`] over a batch of [`Entry`]s. Producers append entries to a shard's stream
-//! ([`enqueue`], or `XADD` inside a Lua script whose keys share the shard's hash tag); the
-//! [`JobRuntime`] reads them through a consumer group named after the job.
+//! A job is a [`JobSpec`] (its name and how many shard streams it reads), its entry type
+//! ([`Job::Payload`], a serde struct of scalar fields) and an idempotent [`Job::handle`] over a
+//! batch of decoded [`Entry`]s. Producers append entries to a shard's stream ([`enqueue`], or
+//! `XADD` inside a Lua script whose keys share the shard's hash tag, with the same fields); the
+//! [`JobRuntime`] reads them through a consumer group named after the job and decodes them
+//! ([`fields`]), so no handler reads a stream's strings by hand.
 //!
 //! Truth: an entry is in its stream until the group has acknowledged it, and it is acknowledged
 //! only after the handler returned `Ok`, that is after the handler's SQL transaction committed.
@@ -24,10 +26,14 @@
 //! letters and trimming below the oldest unacknowledged entry over several hash-tagged shard
 //! streams; the runtime is the few hundred lines that do, on the `redis` crate we already use.
 
+pub mod fields;
 mod runtime;
 mod streams;
 
 use std::collections::HashMap;
+
+use anyhow::Context as _;
+use serde::de::DeserializeOwned;
 
 use crate::redis::Redis;
 use crate::redis::keys::{JobShardKeys, Keys};
@@ -60,32 +66,70 @@ impl JobSpec {
     }
 }
 
-/// One stream entry as a handler sees it.
+/// A stream entry as the runtime reads it: its fields as strings.
+pub type Fields = HashMap<String, String>;
+
+/// One stream entry: as read ([`Fields`]), or decoded as its job's [`Job::Payload`].
 #[derive(Clone, Debug)]
-pub struct Entry {
+pub struct Entry<T = Fields> {
     /// The shard stream the entry came from.
     pub shard: u32,
     /// The stream id (`<ms>-<seq>`), unique within the shard. Not an idempotency key: a dead letter
     /// put back by `retry-dead` comes back under a new id.
     pub id: String,
-    pub fields: HashMap<String, String>,
+    pub payload: T,
     /// How many times the entry has been delivered, this delivery included.
     pub deliveries: u64,
 }
 
 impl Entry {
-    pub fn field(&self, name: &str) -> Option<&str> {
-        self.fields.get(name).map(String::as_str)
+    /// The entry with its fields decoded as `T`; an error names the entry.
+    pub fn decode<T: DeserializeOwned>(&self) -> anyhow::Result<Entry<T>> {
+        let payload = fields::from_fields(&self.payload)
+            .with_context(|| format!("entry {} of shard {} is malformed", self.id, self.shard))?;
+        Ok(Entry {
+            shard: self.shard,
+            id: self.id.clone(),
+            payload,
+            deliveries: self.deliveries,
+        })
     }
 }
 
 #[async_trait::async_trait]
 pub trait Job: Send + Sync + 'static {
+    /// What the job's producers append, decoded by the runtime before [`Self::handle`].
+    type Payload: DeserializeOwned + Send + Sync + 'static;
+
     fn spec(&self) -> JobSpec;
 
     /// Applies a batch of entries from one shard, all or nothing (one SQL transaction), and
     /// idempotently: an entry may come again after a crash between the commit and the
     /// acknowledgement. An error fails the batch; the runtime then retries its entries one by
     /// one, so that one bad entry does not hold the others back.
-    async fn handle(&self, batch: &[Entry]) -> anyhow::Result<()>;
+    async fn handle(&self, batch: &[Entry<Self::Payload>]) -> anyhow::Result<()>;
+}
+
+/// A job as the runtime runs it, whatever its entry type: every [`Job`] is one. An entry that does
+/// not decode fails its batch like any other error, and so ends in the dead letters.
+#[async_trait::async_trait]
+pub trait Handler: Send + Sync + 'static {
+    fn job_spec(&self) -> JobSpec;
+
+    async fn handle_fields(&self, batch: &[Entry]) -> anyhow::Result<()>;
+}
+
+#[async_trait::async_trait]
+impl<J: Job> Handler for J {
+    fn job_spec(&self) -> JobSpec {
+        self.spec()
+    }
+
+    async fn handle_fields(&self, batch: &[Entry]) -> anyhow::Result<()> {
+        let decoded = batch
+            .iter()
+            .map(Entry::decode)
+            .collect::<anyhow::Result<Vec<Entry<J::Payload>>>>()?;
+        self.handle(&decoded).await
+    }
 }

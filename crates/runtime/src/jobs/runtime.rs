@@ -10,7 +10,7 @@ use redis::{AsyncCommands as _, RedisResult};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Entry, Job, JobSpec, streams};
+use super::{Entry, Handler, JobSpec, streams};
 use crate::redis::Redis;
 
 #[derive(Clone, Debug)]
@@ -89,7 +89,7 @@ impl JobRuntime {
     /// Runs every job on `tasks` until `shutdown`.
     pub fn start(
         &self,
-        jobs: Vec<Arc<dyn Job>>,
+        jobs: Vec<Arc<dyn Handler>>,
         tasks: &TaskTracker,
         shutdown: &CancellationToken,
     ) {
@@ -100,8 +100,8 @@ impl JobRuntime {
 
     /// Consumes `job` until `shutdown`. A stop lets the batch in hand finish and be acknowledged,
     /// and takes no new one.
-    pub async fn run(self, job: Arc<dyn Job>, shutdown: CancellationToken) {
-        let spec = job.spec();
+    pub async fn run(self, job: Arc<dyn Handler>, shutdown: CancellationToken) {
+        let spec = job.job_spec();
         let bell = self.redis.bell.of(spec.name);
         let mut ready = false;
         let mut last_trim: Option<Instant> = None;
@@ -157,16 +157,16 @@ impl JobRuntime {
     /// One round over the job's shards, creating its consumer groups first: what [`Self::run`]
     /// does between pauses, for callers that drive the runtime step by step. Returns how many
     /// entries were handled, successfully or not.
-    pub async fn poll_once(&self, job: &dyn Job) -> RedisResult<usize> {
-        streams::create_groups(&self.redis, job.spec()).await?;
+    pub async fn poll_once(&self, job: &dyn Handler) -> RedisResult<usize> {
+        streams::create_groups(&self.redis, job.job_spec()).await?;
         self.round(job, &CancellationToken::new()).await
     }
 
     /// Per shard, [`JobSettings::shards_at_once`] shards at a time: first the entries due again
     /// (failed ones past their backoff, and those of a consumer whose lease ran out), then new
     /// ones. Stops between batches once `stop` fires.
-    async fn round(&self, job: &dyn Job, stop: &CancellationToken) -> RedisResult<usize> {
-        let spec = job.spec();
+    async fn round(&self, job: &dyn Handler, stop: &CancellationToken) -> RedisResult<usize> {
+        let spec = job.job_spec();
         let results: Vec<RedisResult<usize>> = futures_util::stream::iter(0..spec.shards)
             .map(|shard| self.round_of_shard(job, shard, stop))
             .buffer_unordered(self.settings.shards_at_once.max(1))
@@ -177,11 +177,11 @@ impl JobRuntime {
 
     async fn round_of_shard(
         &self,
-        job: &dyn Job,
+        job: &dyn Handler,
         shard: u32,
         stop: &CancellationToken,
     ) -> RedisResult<usize> {
-        let spec = job.spec();
+        let spec = job.job_spec();
         let mut handled = 0;
         for due in [true, false] {
             if stop.is_cancelled() {
@@ -292,18 +292,18 @@ impl JobRuntime {
 
     /// Hands `entries` to the job as one batch; if it fails, one by one. Acknowledges what
     /// succeeded; a failure stays pending for a retry, or goes to the dead letters.
-    #[tracing::instrument(skip_all, fields(job = job.spec().name, shard, entries = entries.len()))]
-    async fn process(&self, job: &dyn Job, shard: u32, entries: Vec<Entry>) -> RedisResult<()> {
-        match job.handle(&entries).await {
-            Ok(()) => self.ack(job.spec(), shard, &entries).await,
-            Err(err) if entries.len() == 1 => self.failed(job.spec(), &entries[0], &err).await,
+    #[tracing::instrument(skip_all, fields(job = job.job_spec().name, shard, entries = entries.len()))]
+    async fn process(&self, job: &dyn Handler, shard: u32, entries: Vec<Entry>) -> RedisResult<()> {
+        match job.handle_fields(&entries).await {
+            Ok(()) => self.ack(job.job_spec(), shard, &entries).await,
+            Err(err) if entries.len() == 1 => self.failed(job.job_spec(), &entries[0], &err).await,
             Err(err) => {
-                tracing::debug!(job = job.spec().name, error = %format!("{err:#}"), "batch failed; handling its entries one by one");
+                tracing::debug!(job = job.job_spec().name, error = %format!("{err:#}"), "batch failed; handling its entries one by one");
                 for entry in entries {
                     let one = std::slice::from_ref(&entry);
-                    match job.handle(one).await {
-                        Ok(()) => self.ack(job.spec(), shard, one).await?,
-                        Err(err) => self.failed(job.spec(), &entry, &err).await?,
+                    match job.handle_fields(one).await {
+                        Ok(()) => self.ack(job.job_spec(), shard, one).await?,
+                        Err(err) => self.failed(job.job_spec(), &entry, &err).await?,
                     }
                 }
                 Ok(())
@@ -339,7 +339,7 @@ impl JobRuntime {
             return Ok(());
         }
         let keys = spec.keys(&self.redis, entry.shard);
-        let fields = serde_json::json!(entry.fields).to_string();
+        let fields = serde_json::json!(entry.payload).to_string();
         let deliveries = entry.deliveries.to_string();
         let mut conn = self.redis.conn.clone();
         let _: () = redis::pipe()
@@ -384,7 +384,7 @@ fn entry(shard: u32, id: StreamId, deliveries: u64) -> Entry {
     Entry {
         shard,
         id: id.id,
-        fields,
+        payload: fields,
         deliveries,
     }
 }

@@ -26,17 +26,18 @@ pub struct StreamStatus {
     pub dead: u64,
 }
 
-/// Appends an entry to shard `shard` of `job`; returns its id.
+/// Appends `entry` (the job's payload type) to shard `shard` of `job`; returns its id.
 #[tracing::instrument(skip_all, fields(job = spec.name, shard))]
-pub async fn enqueue(
+pub async fn enqueue<T: serde::Serialize>(
     redis: &Redis,
     spec: JobSpec,
     shard: u32,
-    fields: &[(&str, &str)],
-) -> RedisResult<String> {
+    entry: &T,
+) -> anyhow::Result<String> {
+    let fields = super::fields::to_fields(entry)?;
     let mut conn = redis.conn.clone();
-    let id = conn
-        .xadd(spec.keys(redis, shard).stream(), "*", fields)
+    let id: String = conn
+        .xadd(spec.keys(redis, shard).stream(), "*", &fields)
         .await?;
     redis.bell.ring(spec.name);
     Ok(id)
