@@ -1,10 +1,10 @@
 //! One-shot commands: `migrate`, `seed-demo`, `rebuild`, `admin`, `jobs`, `documents`.
 
-use crate::accounts::service::set_admin;
 use crate::app::Backends;
 use crate::config::{
     AdminAction, Command, Config, DocumentsAction, FeedAction, JobsAction, RebuildTarget,
 };
+use crate::services::Services;
 
 pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
     let backends = Backends::connect(&config).await?;
@@ -17,38 +17,57 @@ pub async fn run(config: Config, command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::SeedDemo => crate::seed_demo::run(&backends, &config).await,
-        Command::Admin { action } => admin(&backends, action).await,
-        Command::Jobs { action } => jobs(&backends, action).await,
-        Command::Documents { action } => documents(&backends, action).await,
-        Command::Rebuild {
-            target: RebuildTarget::Views,
-        } => rebuild_views(&backends).await,
-        Command::Rebuild {
-            target: RebuildTarget::Likes,
-        } => rebuild_likes(&backends).await,
-        Command::Rebuild {
-            target: RebuildTarget::Votes,
-        } => rebuild_votes(&backends, config.vote_bucket_retention).await,
-        Command::Rebuild {
-            target: RebuildTarget::Feed,
-        } => rebuild_feed(&backends, &config).await,
-        Command::Feed {
-            action: FeedAction::Vacuum,
-        } => vacuum_feed(&backends, &config).await,
-        Command::Serve | Command::PrintSchema => unreachable!("handled by main"),
+        command => {
+            let services = Services::for_command(&backends.db, &backends.redis, &config);
+            match services {
+                Ok(services) => through_services(&backends, &services, command).await,
+                Err(err) => Err(err),
+            }
+        }
     };
     backends.close().await;
     outcome
 }
 
-async fn rebuild_views(backends: &Backends) -> anyhow::Result<()> {
-    let articles = crate::views::rebuild::rebuild_all(&backends.db, &backends.redis).await?;
+/// The commands that act through the services, built and not started.
+async fn through_services(
+    backends: &Backends,
+    services: &Services,
+    command: Command,
+) -> anyhow::Result<()> {
+    match command {
+        Command::Admin { action } => admin(services, action).await,
+        Command::Jobs { action } => jobs(backends, action).await,
+        Command::Documents { action } => documents(services, action).await,
+        Command::Rebuild {
+            target: RebuildTarget::Views,
+        } => rebuild_views(services).await,
+        Command::Rebuild {
+            target: RebuildTarget::Likes,
+        } => rebuild_likes(services).await,
+        Command::Rebuild {
+            target: RebuildTarget::Votes,
+        } => rebuild_votes(services).await,
+        Command::Rebuild {
+            target: RebuildTarget::Feed,
+        } => rebuild_feed(services).await,
+        Command::Feed {
+            action: FeedAction::Vacuum,
+        } => vacuum_feed(services).await,
+        Command::Migrate | Command::SeedDemo | Command::Serve | Command::PrintSchema => {
+            unreachable!("handled by main and run")
+        }
+    }
+}
+
+async fn rebuild_views(services: &Services) -> anyhow::Result<()> {
+    let articles = services.views.rebuild_all().await?;
     println!("rebuilt view counts and the all-time view ranking of {articles} articles");
     Ok(())
 }
 
-async fn rebuild_likes(backends: &Backends) -> anyhow::Result<()> {
-    let rebuilt = crate::likes::rebuild::rebuild_all(&backends.db, &backends.redis).await?;
+async fn rebuild_likes(services: &Services) -> anyhow::Result<()> {
+    let rebuilt = services.likes.rebuild_all().await?;
     println!(
         "rebuilt the like counts of {} articles and comments and the all-time like ranking; dropped {} cached relations",
         rebuilt.subjects, rebuilt.relations_dropped
@@ -56,9 +75,8 @@ async fn rebuild_likes(backends: &Backends) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn rebuild_votes(backends: &Backends, retention: std::time::Duration) -> anyhow::Result<()> {
-    let rebuilt =
-        crate::votes::rebuild::rebuild_all(&backends.db, &backends.redis, retention).await?;
+async fn rebuild_votes(services: &Services) -> anyhow::Result<()> {
+    let rebuilt = services.votes.rebuild_all().await?;
     println!(
         "rebuilt the boards and participant counts of {} polls from {} logged votes",
         rebuilt.polls, rebuilt.votes
@@ -66,16 +84,8 @@ async fn rebuild_votes(backends: &Backends, retention: std::time::Duration) -> a
     Ok(())
 }
 
-fn feed_store(backends: &Backends, config: &Config) -> crate::feed::FeedStore {
-    crate::feed::FeedStore::new(
-        backends.db.clone(),
-        backends.redis.clone(),
-        crate::feed::FeedSettings::from_config(config),
-    )
-}
-
-async fn rebuild_feed(backends: &Backends, config: &Config) -> anyhow::Result<()> {
-    let rebuilt = crate::feed::upkeep::rebuild(&feed_store(backends, config)).await?;
+async fn rebuild_feed(services: &Services) -> anyhow::Result<()> {
+    let rebuilt = services.feed.rebuild_all().await?;
     println!(
         "reloaded {} feed outboxes from SQL and the audiences of {} readers; inboxes rebuild on \
          their next read",
@@ -84,8 +94,8 @@ async fn rebuild_feed(backends: &Backends, config: &Config) -> anyhow::Result<()
     Ok(())
 }
 
-async fn vacuum_feed(backends: &Backends, config: &Config) -> anyhow::Result<()> {
-    let removed = crate::feed::upkeep::vacuum(&feed_store(backends, config)).await?;
+async fn vacuum_feed(services: &Services) -> anyhow::Result<()> {
+    let removed = services.feed.vacuum().await?;
     println!(
         "removed {} feed keys of deleted users and {} left by crashed rebuilds or expired inboxes",
         removed.of_deleted_users, removed.leftovers
@@ -93,12 +103,12 @@ async fn vacuum_feed(backends: &Backends, config: &Config) -> anyhow::Result<()>
     Ok(())
 }
 
-async fn admin(backends: &Backends, action: AdminAction) -> anyhow::Result<()> {
+async fn admin(services: &Services, action: AdminAction) -> anyhow::Result<()> {
     let (handle, is_admin) = match &action {
         AdminAction::Grant { handle } => (handle, true),
         AdminAction::Revoke { handle } => (handle, false),
     };
-    let user = set_admin(&backends.db, handle, is_admin).await?;
+    let user = services.accounts.set_admin(handle, is_admin).await?;
     println!(
         "{} is {} an admin",
         user.handle,
@@ -148,8 +158,8 @@ fn documents_of(
         .collect()
 }
 
-async fn documents(backends: &Backends, action: DocumentsAction) -> anyhow::Result<()> {
-    let db = &backends.db;
+async fn documents(services: &Services, action: DocumentsAction) -> anyhow::Result<()> {
+    let store = &services.documents;
     match action {
         DocumentsAction::Add { files, manifest } => {
             anyhow::ensure!(!files.is_empty(), "name at least one file");
@@ -167,14 +177,13 @@ async fn documents(backends: &Backends, action: DocumentsAction) -> anyhow::Resu
                 }
             }
             for (name, document) in &found {
-                let (sha256, added) =
-                    crate::documents::add_trusted(db, name.as_deref(), document).await?;
+                let (sha256, added) = store.add_trusted(name.as_deref(), document).await?;
                 let state = if added { "added" } else { "already registered" };
                 println!("{sha256} {} {state}", name.as_deref().unwrap_or("-"));
             }
         }
         DocumentsAction::List => {
-            for document in crate::documents::list_trusted(db).await? {
+            for document in store.list_trusted().await? {
                 println!(
                     "{} {} {}",
                     document.sha256,
@@ -186,7 +195,7 @@ async fn documents(backends: &Backends, action: DocumentsAction) -> anyhow::Resu
         DocumentsAction::Remove { sha256 } => {
             let sha256 = sha256.to_ascii_lowercase();
             anyhow::ensure!(
-                crate::documents::remove_trusted(db, &sha256).await?,
+                store.remove_trusted(&sha256).await?,
                 "no registered document has the SHA-256 {sha256}"
             );
             println!("{sha256} removed");

@@ -10,7 +10,6 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use base64::Engine as _;
 use chrono::{Duration, Utc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -19,7 +18,7 @@ use crate::accounts::TokenSigner;
 use crate::accounts::service::{Handle, find_by_handle, insert_user};
 use crate::actor::Actor;
 use crate::app::Backends;
-use crate::config::{Config, Secret};
+use crate::config::Config;
 use crate::likes::Subject;
 use crate::realtime::Hub;
 use crate::services::{Inputs, Services, Workers};
@@ -142,9 +141,7 @@ pub async fn run(backends: &Backends, config: &Config) -> anyhow::Result<()> {
         shutdown.clone(),
         &tasks,
     );
-    // Seeding signs no session; the services want a signer all the same.
-    let secret = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 48]>());
-    let tokens = Arc::new(TokenSigner::new(&Secret::new(secret), config.token_ttl)?);
+    let tokens = Arc::new(TokenSigner::throwaway(config.token_ttl)?);
     // The next `pulse serve` runs the jobs this queues; a seed that stops in a few seconds should
     // not take them halfway.
     let config = Config {

@@ -1,8 +1,9 @@
 //! The service registry: every domain service, built in one place from the backends and the
 //! configuration, with the domain workers started next to the services they serve.
 //!
-//! A new domain adds its service here and, if it has one, starts its worker in [`Services::start`];
-//! nothing else in the wiring changes.
+//! A new domain adds its service in [`Services::build`] and, if it has one, starts its worker in
+//! [`Services::start`]; nothing else in the wiring changes. The one-shot commands build the
+//! services and start nothing ([`Services::for_command`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -48,6 +49,7 @@ pub fn job(name: &str) -> Option<JobSpec> {
 }
 
 /// What the services are built from: the backends, and the token signer every session check needs.
+#[derive(Clone, Copy)]
 pub struct Inputs<'a> {
     pub db: &'a DatabaseConnection,
     pub redis: &'a Redis,
@@ -57,6 +59,7 @@ pub struct Inputs<'a> {
 }
 
 /// Where background workers run, and what tells them to stop.
+#[derive(Clone, Copy)]
 pub struct Workers<'a> {
     pub tasks: &'a TaskTracker,
     pub shutdown: &'a CancellationToken,
@@ -82,8 +85,9 @@ pub struct Services {
 }
 
 impl Services {
-    /// Builds every service, applies the configured admin grants and starts the domain workers.
-    pub async fn start(inputs: Inputs<'_>, workers: Workers<'_>) -> anyhow::Result<Self> {
+    /// Builds every service and starts nothing: the live watchers only hold `workers` to spawn
+    /// into once someone subscribes.
+    pub fn build(inputs: Inputs<'_>, workers: Workers<'_>) -> anyhow::Result<Self> {
         let Inputs {
             db,
             redis,
@@ -100,8 +104,12 @@ impl Services {
         let comments = CommentService::new(db.clone(), redis.clone(), accounts.clone());
         let feed_store =
             FeedStore::new(db.clone(), redis.clone(), FeedSettings::from_config(config));
-        let relay = Relay::new(feed_store.clone());
-        let articles = ArticleService::new(db.clone(), redis.clone(), hub.clone(), relay.clone());
+        let articles = ArticleService::new(
+            db.clone(),
+            redis.clone(),
+            hub.clone(),
+            Relay::new(feed_store.clone()),
+        );
         let follows =
             FollowService::new(db.clone()).with_listener(Arc::new(FollowHook(feed_store.clone())));
         let feed = FeedService::new(feed_store.clone(), tokens.clone(), hub.clone());
@@ -131,7 +139,6 @@ impl Services {
             },
         );
         let poll_configs = PollConfigs::new(db.clone(), redis.clone());
-        poll_configs.start_invalidation(hub, workers.tasks, workers.shutdown);
         let votes = VoteService::new(
             redis.clone(),
             poll_configs.clone(),
@@ -148,7 +155,7 @@ impl Services {
                 tick: config.leaderboard_tick,
             },
         );
-        let services = Self {
+        Ok(Self {
             votes,
             polls,
             live_boards,
@@ -171,7 +178,39 @@ impl Services {
                 config.persisted_queries,
                 config.apq_ttl,
             ),
+        })
+    }
+
+    /// The services of a one-shot command: built, not started. No realtime connection opens, and
+    /// the signer is a throwaway, since a command signs no session.
+    pub fn for_command(
+        db: &DatabaseConnection,
+        redis: &Redis,
+        config: &Config,
+    ) -> anyhow::Result<Self> {
+        let tokens = Arc::new(TokenSigner::throwaway(config.token_ttl)?);
+        let inputs = Inputs {
+            db,
+            redis,
+            hub: &Hub::unconnected(),
+            tokens: &tokens,
+            config,
         };
+        let workers = Workers {
+            tasks: &TaskTracker::new(),
+            shutdown: &CancellationToken::new(),
+        };
+        Self::build(inputs, workers)
+    }
+
+    /// Builds every service, applies the configured admin grants and starts the domain workers.
+    pub async fn start(inputs: Inputs<'_>, workers: Workers<'_>) -> anyhow::Result<Self> {
+        let (db, redis, hub, config) = (inputs.db, inputs.redis, inputs.hub, inputs.config);
+        let services = Self::build(inputs, workers)?;
+        services
+            .votes
+            .configs()
+            .start_invalidation(hub, workers.tasks, workers.shutdown);
         services
             .accounts
             .grant_configured_admins(&config.admins)
@@ -186,7 +225,7 @@ impl Services {
                 .own_connection()
                 .await
                 .context("cannot open the background jobs' Redis connection")?;
-            let feed_store = feed_store.with_redis(redis.clone());
+            let feed_store = services.feed.store().with_redis(redis.clone());
             let jobs: Vec<Arc<dyn Handler>> = vec![
                 Arc::new(LikeArchiver::new(
                     db.clone(),
@@ -206,6 +245,7 @@ impl Services {
                     .eq(JOBS.iter().copied()),
                 "the jobs started are not the jobs of services::JOBS"
             );
+            let relay = Relay::new(services.feed.store().clone());
             workers
                 .tasks
                 .spawn(relay.run(config.feed_relay_interval, workers.shutdown.clone()));

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use base64::Engine as _;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,13 @@ pub struct TokenSigner {
 }
 
 impl TokenSigner {
+    /// A signer with a random secret, for a process that signs no session (the one-shot
+    /// commands and the demo seed) but builds services that want one all the same.
+    pub fn throwaway(ttl: Duration) -> anyhow::Result<Self> {
+        let secret = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 48]>());
+        Self::new(&Secret::new(secret), ttl)
+    }
+
     pub fn new(secret: &Secret, ttl: Duration) -> anyhow::Result<Self> {
         let bytes = secret.expose().as_bytes();
         anyhow::ensure!(

@@ -3,7 +3,4 @@
 
 mod service;
 
-pub use service::{
-    DocumentStore, PersistedMode, RegisteredDocument, add_trusted, is_sha256_hex, list_trusted,
-    remove_trusted, sha256_hex,
-};
+pub use service::{DocumentStore, PersistedMode, RegisteredDocument, is_sha256_hex, sha256_hex};

@@ -128,51 +128,54 @@ impl DocumentStore {
         Ok(found)
     }
 
+    /// Registers a trusted document; `false` when it was registered already.
+    pub async fn add_trusted(
+        &self,
+        name: Option<&str>,
+        document: &str,
+    ) -> AppResult<(String, bool)> {
+        let sha256 = sha256_hex(document);
+        let row = trusted_documents::ActiveModel {
+            sha256: Set(sha256.clone()),
+            name: Set(name.map(|name| name.chars().take(200).collect())),
+            document: Set(document.to_owned()),
+            created_at: Set(chrono::Utc::now().naive_utc()),
+        };
+        let added = matches!(
+            row.insert(&self.db).await.or_duplicate()?,
+            Unique::Inserted(_)
+        );
+        Ok((sha256, added))
+    }
+
+    pub async fn list_trusted(&self) -> AppResult<Vec<RegisteredDocument>> {
+        let rows = trusted_documents::Entity::find()
+            .order_by_asc(trusted_documents::Column::CreatedAt)
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| RegisteredDocument {
+                sha256: row.sha256,
+                name: row.name,
+                created_at: row.created_at,
+            })
+            .collect())
+    }
+
+    /// Removes a trusted document; `false` when none had the hash. A process that loaded it keeps
+    /// running it until its next reload (on a miss) or restart: removal tidies, it does not revoke.
+    pub async fn remove_trusted(&self, sha256: &str) -> AppResult<bool> {
+        let result = trusted_documents::Entity::delete_by_id(sha256.to_owned())
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected > 0)
+    }
+
     fn cached_trusted(&self, sha256: &str) -> Option<Arc<str>> {
         let cache = self.trusted.read().expect("trusted cache poisoned");
         cache.documents.get(sha256).cloned()
     }
-}
-
-/// Registers a trusted document; `false` when it was registered already.
-pub async fn add_trusted(
-    db: &DatabaseConnection,
-    name: Option<&str>,
-    document: &str,
-) -> AppResult<(String, bool)> {
-    let sha256 = sha256_hex(document);
-    let row = trusted_documents::ActiveModel {
-        sha256: Set(sha256.clone()),
-        name: Set(name.map(|name| name.chars().take(200).collect())),
-        document: Set(document.to_owned()),
-        created_at: Set(chrono::Utc::now().naive_utc()),
-    };
-    let added = matches!(row.insert(db).await.or_duplicate()?, Unique::Inserted(_));
-    Ok((sha256, added))
-}
-
-pub async fn list_trusted(db: &DatabaseConnection) -> AppResult<Vec<RegisteredDocument>> {
-    let rows = trusted_documents::Entity::find()
-        .order_by_asc(trusted_documents::Column::CreatedAt)
-        .all(db)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| RegisteredDocument {
-            sha256: row.sha256,
-            name: row.name,
-            created_at: row.created_at,
-        })
-        .collect())
-}
-
-/// Removes a trusted document; `false` when none had the hash. A process that loaded it keeps
-/// running it until its next reload (on a miss) or restart: removal tidies, it does not revoke.
-pub async fn remove_trusted(db: &DatabaseConnection, sha256: &str) -> AppResult<bool> {
-    let result = trusted_documents::Entity::delete_by_id(sha256.to_owned())
-        .exec(db)
-        .await?;
-    Ok(result.rows_affected > 0)
 }
 
 #[cfg(test)]

@@ -69,6 +69,16 @@ impl FeedService {
         }
     }
 
+    /// Reloads the outboxes and audiences from SQL: `pulse rebuild feed`.
+    pub async fn rebuild_all(&self) -> AppResult<super::upkeep::Rebuilt> {
+        super::upkeep::rebuild(&self.store).await
+    }
+
+    /// Removes the feed keys nothing will use again: `pulse feed vacuum`.
+    pub async fn vacuum(&self) -> AppResult<super::upkeep::Vacuumed> {
+        super::upkeep::vacuum(&self.store).await
+    }
+
     pub fn store(&self) -> &FeedStore {
         &self.store
     }

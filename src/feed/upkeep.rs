@@ -44,7 +44,7 @@ pub struct Vacuumed {
 /// Removes the feed keys nothing will use again: those of deleted users, a rebuild's building
 /// key whose lock has expired (the rebuild died).
 /// Audiences need no vacuum: a delivery drops the followers whose inbox has expired.
-pub async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
+pub(super) async fn vacuum(store: &FeedStore) -> AppResult<Vacuumed> {
     let keys = feed_keys(store).await?;
     let ids: Vec<i64> = keys.keys().copied().collect();
     let mut existing = HashSet::new();
@@ -101,7 +101,7 @@ pub struct Rebuilt {
 /// the inbox, as a rebuild would pull them, so a hole (a follow's backfill or a fan-out lost with
 /// a rollback) is filled or falls below the inbox's floor. Missing inboxes are rebuilt by their
 /// next read and need nothing.
-pub async fn rebuild(store: &FeedStore) -> AppResult<Rebuilt> {
+pub(super) async fn rebuild(store: &FeedStore) -> AppResult<Rebuilt> {
     let keys = feed_keys(store).await?;
     let mut report = Rebuilt::default();
     let mut conn = store.redis.conn.clone();

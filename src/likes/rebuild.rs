@@ -29,7 +29,7 @@ pub struct Rebuilt {
     pub relations_dropped: u64,
 }
 
-pub async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<Rebuilt> {
+pub(super) async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<Rebuilt> {
     let mut conn = redis.conn.clone();
     let aside = |key: String| format!("{key}:rebuild");
     let shards: Vec<_> = (0..LIKE_SHARDS)

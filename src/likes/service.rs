@@ -76,6 +76,11 @@ impl LikeService {
         }
     }
 
+    /// Rebuilds the like counts and the all-time ranking from SQL: `pulse rebuild likes`.
+    pub async fn rebuild_all(&self) -> AppResult<super::rebuild::Rebuilt> {
+        super::rebuild::rebuild_all(&self.db, &self.redis).await
+    }
+
     /// Likes (`like`) or unlikes `subject` as the signed-in actor. Idempotent: only a change of
     /// state counts and is archived. One script call; SQL only when Redis has neither the relation
     /// nor the subject's count (and then once for all concurrent callers of this process).

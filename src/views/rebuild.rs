@@ -27,7 +27,7 @@ pub enum Caches {
 
 /// Rewrites every shard's base counts and all-time ranking from SQL plus pending views: `pulse
 /// rebuild views`. Returns how many articles it read from SQL.
-pub async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<u64> {
+pub(super) async fn rebuild_all(db: &DatabaseConnection, redis: &Redis) -> AppResult<u64> {
     let shards: Vec<u32> = (0..VIEW_SHARDS).collect();
     rebuild(db, redis, &shards, Caches::BaseAndRanking).await
 }

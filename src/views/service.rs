@@ -94,6 +94,12 @@ impl ViewService {
         }
     }
 
+    /// Rewrites every shard's base counts and all-time ranking from SQL plus pending views: `pulse
+    /// rebuild views`. Returns how many articles it read from SQL.
+    pub async fn rebuild_all(&self) -> AppResult<u64> {
+        super::rebuild::rebuild_all(&self.db, &self.redis).await
+    }
+
     /// Counts a view unless the actor (the signed-in user, else the client's address) was counted
     /// for this article within the window or its User-Agent is a crawler. One script call; SQL only
     /// the first time Redis meets the article.

@@ -166,6 +166,10 @@ struct Cache {
 pub const POLLS: crate::pagination::Walk = crate::pagination::Walk("polls");
 
 impl PollConfigs {
+    pub(super) fn db(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
     pub fn new(db: DatabaseConnection, redis: Redis) -> Self {
         Self {
             db,

@@ -37,7 +37,7 @@ pub struct Rebuilt {
     pub votes: u64,
 }
 
-pub async fn rebuild_all(
+pub(super) async fn rebuild_all(
     db: &DatabaseConnection,
     redis: &Redis,
     retention: Duration,

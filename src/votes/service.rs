@@ -182,6 +182,11 @@ impl VoteService {
         }
     }
 
+    /// Rebuilds every poll's boards from the SQL vote log: `pulse rebuild votes`.
+    pub async fn rebuild_all(&self) -> AppResult<super::rebuild::Rebuilt> {
+        super::rebuild::rebuild_all(self.configs.db(), &self.redis, self.retention).await
+    }
+
     pub fn configs(&self) -> &PollConfigs {
         &self.configs
     }

@@ -135,9 +135,7 @@ async fn rebuild_feed_reloads_a_damaged_outbox_from_sql_and_restores_lost_audien
         .await
         .unwrap();
 
-    let rebuilt = pulse::feed::upkeep::rebuild(app.state.services.feed.store())
-        .await
-        .unwrap();
+    let rebuilt = app.state.services.feed.rebuild_all().await.unwrap();
     assert_eq!(rebuilt.outboxes, 1);
     assert_eq!(rebuilt.readers, 1);
     assert!(

@@ -155,9 +155,7 @@ async fn rebuilding_likes_from_sql_matches_the_live_state() {
         .await;
     assert_eq!(empty_top["data"]["topArticles"], json!([]));
 
-    let rebuilt = pulse::likes::rebuild::rebuild_all(&app.state.db, &app.state.redis)
-        .await
-        .unwrap();
+    let rebuilt = app.state.services.likes.rebuild_all().await.unwrap();
     assert_eq!(rebuilt.subjects, 5);
     assert_eq!(snapshot().await, before);
 
@@ -180,9 +178,7 @@ async fn the_rebuild_command_drops_cached_relations_and_keeps_counts() {
             .map(|article| set_like(&app, Some(&people[1].1), article, true)),
     )
     .await;
-    let rebuilt = pulse::likes::rebuild::rebuild_all(&app.state.db, &app.state.redis)
-        .await
-        .unwrap();
+    let rebuilt = app.state.services.likes.rebuild_all().await.unwrap();
     assert_eq!(rebuilt.relations_dropped, 2);
     for article in &articles {
         assert_eq!(

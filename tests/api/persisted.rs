@@ -1,7 +1,7 @@
 //! Persisted documents: Apollo's automatic persisted queries shared by every process through
 //! Redis, and trusted-documents mode, where only registered documents run.
 
-use pulse::documents::{PersistedMode, add_trusted, sha256_hex};
+use pulse::documents::{PersistedMode, sha256_hex};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -118,12 +118,20 @@ async fn with_trusted_documents_only_registered_documents_run() {
     assert_eq!(code(&refused), "DOCUMENT_NOT_TRUSTED", "{refused}");
     assert!(refused["data"].is_null());
 
-    let (hash, added) = add_trusted(&app.state.db, Some("Recent"), QUERY)
+    let (hash, added) = app
+        .state
+        .services
+        .documents
+        .add_trusted(Some("Recent"), QUERY)
         .await
         .unwrap();
     assert!(added);
     assert_eq!(hash, sha256_hex(QUERY));
-    let (_, again) = add_trusted(&app.state.db, Some("Recent"), QUERY)
+    let (_, again) = app
+        .state
+        .services
+        .documents
+        .add_trusted(Some("Recent"), QUERY)
         .await
         .unwrap();
     assert!(!again, "registering twice is harmless");

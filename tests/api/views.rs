@@ -519,9 +519,7 @@ async fn rebuilding_restores_counts_and_ranking_from_sql() {
         json!([])
     );
 
-    let rebuilt = pulse::views::rebuild::rebuild_all(&app.state.db, &app.state.redis)
-        .await
-        .unwrap();
+    let rebuilt = app.state.services.views.rebuild_all().await.unwrap();
     assert_eq!(rebuilt, 2);
     let top = app
         .graphql(

@@ -67,6 +67,18 @@ impl Hub {
         Self { inner }
     }
 
+    /// A hub with no connection, for a process that builds services but serves no subscription
+    /// (the one-shot commands): its subscriptions never yield.
+    pub fn unconnected() -> Self {
+        let (commands, _) = mpsc::unbounded_channel();
+        Self {
+            inner: Arc::new(Inner {
+                channels: Mutex::new(HashMap::new()),
+                commands,
+            }),
+        }
+    }
+
     /// Messages published on `channel` from now on, until the returned stream is dropped.
     pub fn subscribe(&self, channel: String) -> HubSubscription {
         let mut channels = self.inner.channels.lock().expect("hub lock poisoned");
