@@ -5,7 +5,6 @@ pub mod guard;
 pub mod ids;
 pub mod loaders;
 pub mod node;
-pub mod order;
 pub mod pagination;
 pub mod persisted;
 pub mod schema;
@@ -15,6 +14,7 @@ use async_graphql::Context;
 
 use crate::actor::Actor;
 
+pub use pulse_edge::order;
 pub use schema::PulseSchema;
 
 use crate::services::Services;

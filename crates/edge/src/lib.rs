@@ -1,0 +1,10 @@
+//! The request path of a GraphQL server built on async-graphql, for any schema: the parts that sit
+//! between a transport and `Schema::execute` and know nothing of what the schema serves.
+//!
+//! - [`order`]: response fields in the order the document selected them, which async-graphql does
+//!   not keep when it resolves fields concurrently.
+//!
+//! This crate names no domain and depends on no application: an app depends on it, never the
+//! other way, so a domain type used here fails to compile.
+
+pub mod order;
