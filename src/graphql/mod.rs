@@ -1,7 +1,6 @@
 //! The GraphQL surface: schema assembly, per-request context, ids, pagination and limits.
 
 pub mod extensions;
-pub mod guard;
 pub mod ids;
 pub mod loaders;
 pub mod node;
@@ -14,7 +13,7 @@ use async_graphql::Context;
 
 use crate::actor::Actor;
 
-pub use pulse_edge::order;
+pub use pulse_edge::{guard, order};
 pub use schema::PulseSchema;
 
 use crate::services::Services;
