@@ -7,13 +7,12 @@ pub mod node;
 pub mod pagination;
 pub mod persisted;
 pub mod schema;
-pub mod validated;
 
 use async_graphql::Context;
 
 use crate::actor::Actor;
 
-pub use pulse_edge::{guard, order};
+pub use pulse_edge::{guard, order, validated};
 pub use schema::PulseSchema;
 
 use crate::services::Services;

@@ -3,6 +3,8 @@
 //!
 //! - [`guard`]: bounds on what a document may cost (nesting before it parses, size once its
 //!   fragments are spread), which async-graphql does not bound.
+//! - [`validated`]: a document's validation verdict kept and reused while the variables cannot
+//!   change it.
 //! - [`order`]: response fields in the order the document selected them, which async-graphql does
 //!   not keep when it resolves fields concurrently.
 //!
@@ -11,3 +13,4 @@
 
 pub mod guard;
 pub mod order;
+pub mod validated;
