@@ -92,7 +92,7 @@ fn services_import_nothing_from_the_graphql_layer() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
-/// `graphql/validated.rs` reuses a document's validation verdict, complexity included, whenever its
+/// `pulse_edge::validated` reuses a document's validation verdict, complexity included, whenever its
 /// variables are all `ID`s or `String`s: that is sound only while no complexity function reads an
 /// argument of those types. Every `complexity = "…"` may name the children's complexity, the `Int`
 /// page size `first`, and arithmetic on them.

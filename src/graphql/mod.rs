@@ -1,20 +1,18 @@
 //! The GraphQL surface: schema assembly, per-request context, ids, pagination and limits.
 
 pub mod extensions;
-pub mod guard;
 pub mod ids;
 pub mod loaders;
 pub mod node;
-pub mod order;
 pub mod pagination;
 pub mod persisted;
 pub mod schema;
-pub mod validated;
 
 use async_graphql::Context;
 
 use crate::actor::Actor;
 
+pub use pulse_edge::{guard, order, validated};
 pub use schema::PulseSchema;
 
 use crate::services::Services;

@@ -1,0 +1,16 @@
+//! The request path of a GraphQL server built on async-graphql, for any schema: the parts that sit
+//! between a transport and `Schema::execute` and know nothing of what the schema serves.
+//!
+//! - [`guard`]: bounds on what a document may cost (nesting before it parses, size once its
+//!   fragments are spread), which async-graphql does not bound.
+//! - [`validated`]: a document's validation verdict kept and reused while the variables cannot
+//!   change it.
+//! - [`order`]: response fields in the order the document selected them, which async-graphql does
+//!   not keep when it resolves fields concurrently.
+//!
+//! This crate names no domain and depends on no application: an app depends on it, never the
+//! other way, so a domain type used here fails to compile.
+
+pub mod guard;
+pub mod order;
+pub mod validated;
