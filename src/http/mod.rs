@@ -3,7 +3,6 @@
 mod assets;
 pub mod client_ip;
 mod graphql;
-mod media;
 mod ops;
 pub mod server;
 
