@@ -3,4 +3,5 @@
 
 mod service;
 
-pub use service::{DocumentStore, PersistedMode, RegisteredDocument, is_sha256_hex, sha256_hex};
+pub use pulse_edge::persisted::{PersistedMode, sha256_hex};
+pub use service::{DocumentStore, RegisteredDocument};

@@ -2,37 +2,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use clap::ValueEnum;
+use async_graphql::ErrorExtensions as _;
+use pulse_edge::persisted::{PersistedMode, sha256_hex};
 use redis::AsyncCommands;
 use sea_orm::{ActiveModelTrait, DatabaseConnection, EntityTrait, QueryOrder, Set};
-use sha2::{Digest, Sha256};
 
 use crate::entities::trusted_documents;
 use crate::error::{AppResult, Unique, UniqueViolationExt};
 use crate::keys::DocumentKeys;
 use crate::redis::Redis;
-
-/// Which documents a server runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PersistedMode {
-    /// Any document; clients may also send a hash alone for one registered earlier by anyone
-    /// (Apollo's automatic persisted queries).
-    Apq,
-    /// Only documents registered with `pulse documents add`, sent by hash or in full.
-    Trusted,
-    /// Any document, always in full; hashes are refused.
-    Off,
-}
-
-/// The hex SHA-256 of a document, as persisted-query clients compute it.
-pub fn sha256_hex(document: &str) -> String {
-    format!("{:x}", Sha256::digest(document.as_bytes()))
-}
-
-/// Whether `hash` looks like a hex SHA-256: anything else is refused before it reaches a key.
-pub fn is_sha256_hex(hash: &str) -> bool {
-    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
-}
 
 /// A registered trusted document.
 #[derive(Debug, Clone)]
@@ -79,13 +57,9 @@ impl DocumentStore {
         }
     }
 
-    pub fn mode(&self) -> PersistedMode {
-        self.mode
-    }
-
     /// The document an automatic persisted query registered under `sha256`; reading it keeps it
     /// another TTL.
-    pub async fn persisted(&self, sha256: &str) -> AppResult<Option<String>> {
+    async fn persisted(&self, sha256: &str) -> AppResult<Option<String>> {
         let key = self.redis.keys.persisted_query(sha256);
         let mut conn = self.redis.conn.clone();
         let expiry = redis::Expiry::EX(self.apq_ttl.as_secs().max(1));
@@ -93,7 +67,7 @@ impl DocumentStore {
     }
 
     /// Registers `document` under its hash for the TTL. The caller has checked the hash.
-    pub async fn persist(&self, sha256: &str, document: &str) -> AppResult<()> {
+    async fn persist(&self, sha256: &str, document: &str) -> AppResult<()> {
         let key = self.redis.keys.persisted_query(sha256);
         let mut conn = self.redis.conn.clone();
         let ttl = self.apq_ttl.as_secs().max(1);
@@ -102,7 +76,7 @@ impl DocumentStore {
     }
 
     /// The trusted document registered under `sha256`.
-    pub async fn trusted(&self, sha256: &str) -> AppResult<Option<Arc<str>>> {
+    async fn trusted_document(&self, sha256: &str) -> AppResult<Option<Arc<str>>> {
         if let Some(found) = self.cached_trusted(sha256) {
             return Ok(Some(found));
         }
@@ -178,19 +152,27 @@ impl DocumentStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The store behind the request pipeline's persisted documents: APQ in Redis, trusted documents
+/// in SQL. Failures reach the client as their code (`UNAVAILABLE`, `INTERNAL`), logged once.
+#[async_trait::async_trait]
+impl pulse_edge::persisted::DocumentStore for DocumentStore {
+    fn mode(&self) -> PersistedMode {
+        self.mode
+    }
 
-    #[test]
-    fn hashes_are_the_hex_sha256_clients_compute() {
-        // printf '{ __typename }' | sha256sum
-        assert_eq!(
-            sha256_hex("{ __typename }"),
-            "7f56e67dd21ab3f30d1ff8b7bed08893f0a0db86449836189b361dd1e56ddb4b"
-        );
-        assert!(is_sha256_hex(&sha256_hex("x")));
-        assert!(!is_sha256_hex("../../etc"));
-        assert!(!is_sha256_hex(&"g".repeat(64)));
+    async fn registered(&self, sha256: &str) -> async_graphql::Result<Option<String>> {
+        self.persisted(sha256).await.map_err(|err| err.extend())
+    }
+
+    async fn register(&self, sha256: &str, document: &str) -> async_graphql::Result<()> {
+        self.persist(sha256, document)
+            .await
+            .map_err(|err| err.extend())
+    }
+
+    async fn trusted(&self, sha256: &str) -> async_graphql::Result<Option<Arc<str>>> {
+        self.trusted_document(sha256)
+            .await
+            .map_err(|err| err.extend())
     }
 }

@@ -19,12 +19,11 @@ use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
 use metrics::{Counter, Histogram};
 use pulse_edge::media::HttpMethod;
+use pulse_edge::persisted::{DocumentStore, PersistedDocuments};
 
 use super::guard;
 use super::order::{self, SchemaTypes};
-use super::persisted::PersistedDocuments;
 use super::validated::{Validation, ValidationTally};
-use crate::documents::DocumentStore;
 use crate::error::{AppError, shorten_message};
 
 /// The code of errors async-graphql raised on a request of the client's.
@@ -268,7 +267,7 @@ fn refused(refusal: guard::Refusal) -> ServerError {
 
 /// An error of the request as a whole, with no position to blame: its code, and for failures of
 /// ours only a generic message (the detail is logged).
-pub(crate) fn whole_request(error: AppError) -> ServerError {
+fn whole_request(error: AppError) -> ServerError {
     let error = error.extend();
     let mut server_error = ServerError::new(error.message, None);
     server_error.extensions = error.extensions;
@@ -389,7 +388,7 @@ impl QueryLimitsCheck {
 pub struct RequestPipeline {
     pub limits: QueryLimitsCheck,
     pub metrics: OperationMetrics,
-    pub documents: DocumentStore,
+    pub documents: Arc<dyn DocumentStore>,
     pub guard: DocumentGuard,
 }
 

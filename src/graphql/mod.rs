@@ -5,7 +5,6 @@ pub mod ids;
 pub mod loaders;
 pub mod node;
 pub mod pagination;
-pub mod persisted;
 pub mod schema;
 
 use async_graphql::Context;

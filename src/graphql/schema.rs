@@ -81,7 +81,7 @@ pub fn build(
             max_complexity: limits.max_complexity,
         },
         metrics: OperationMetrics::default(),
-        documents: services.documents.clone(),
+        documents: Arc::new(services.documents.clone()),
         guard: DocumentGuard::new(limits.max_complexity, Arc::new(types), validations),
     });
     let builder = if limits.introspection {

@@ -9,6 +9,8 @@
 //!   not keep when it resolves fields concurrently.
 //! - [`media`]: the media types of GraphQL over HTTP, negotiated from `Accept`, and the status
 //!   codes each one's answers carry.
+//! - [`persisted`]: persisted documents (automatic persisted queries, trusted documents) by
+//!   their SHA-256, kept in a store the server implements.
 //! - [`websocket`]: a driver for both websocket protocols that bounds what async-graphql leaves
 //!   open (the init timeout, duplicate ids, operations per socket, a close at shutdown).
 //!
@@ -18,5 +20,6 @@
 pub mod guard;
 pub mod media;
 pub mod order;
+pub mod persisted;
 pub mod validated;
 pub mod websocket;

@@ -29,13 +29,6 @@ pub enum AppError {
         "subscriptions are served over a websocket at /graphql/ws (subprotocol graphql-transport-ws or graphql-ws), not over HTTP"
     )]
     SubscriptionOverHttp,
-    /// The message Apollo clients look for before they send the full document.
-    #[error("PersistedQueryNotFound")]
-    PersistedQueryNotFound,
-    #[error("PersistedQueryNotSupported")]
-    PersistedQueryNotSupported,
-    #[error("this server runs only registered documents, and none has the SHA-256 {0}")]
-    DocumentNotTrusted(String),
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error("database error: {0}")]
@@ -71,9 +64,6 @@ impl AppError {
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::MutationOverGet => "METHOD_NOT_ALLOWED",
             Self::SubscriptionOverHttp => "WEBSOCKET_REQUIRED",
-            Self::PersistedQueryNotFound => "PERSISTED_QUERY_NOT_FOUND",
-            Self::PersistedQueryNotSupported => "PERSISTED_QUERY_NOT_SUPPORTED",
-            Self::DocumentNotTrusted(_) => "DOCUMENT_NOT_TRUSTED",
             // The client did not send its body in time: its request to fix, like any other.
             Self::BodyTimeout(_) => "BAD_USER_INPUT",
             Self::Database(err) if crate::sql::transient(err).is_some() => "UNAVAILABLE",
