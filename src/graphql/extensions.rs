@@ -18,6 +18,7 @@ use async_graphql::{
 use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
 use metrics::{Counter, Histogram};
+use pulse_edge::media::HttpMethod;
 
 use super::guard;
 use super::order::{self, SchemaTypes};
@@ -162,13 +163,6 @@ impl OperationMetricsStage {
 const MAX_CACHED_DOCUMENTS: usize = 512;
 /// Longer documents are parsed every time, so the cache's memory stays bounded.
 const MAX_CACHED_QUERY_BYTES: usize = 8 * 1024;
-
-/// How a request arrived over HTTP; requests without one came over a websocket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HttpMethod {
-    Get,
-    Post,
-}
 
 /// Refuses, with `BAD_USER_INPUT`, documents nested too deep to parse safely and documents too
 /// large once their fragments are spread (see [`guard`]), and keeps the documents that passed

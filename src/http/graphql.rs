@@ -7,17 +7,16 @@ use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{ConnectInfo, Extension, FromRequest, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use pulse_edge::media::{self, Accepted, HttpMethod, MediaType};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::assets;
-use super::media::{self, Accepted, MediaType};
 use super::server::ConnectionSlot;
 use super::websocket;
 use crate::actor::Actor;
 use crate::app::AppState;
 use crate::error::{AppError, shorten_message};
-use crate::graphql::extensions::HttpMethod;
 use crate::graphql::schema::attach_request_data;
 
 /// A transport-level failure, in the shape GraphQL clients already parse.
@@ -285,6 +284,16 @@ fn not_acceptable() -> Response {
     malformed(StatusCode::NOT_ACCEPTABLE, MediaType::Json, message)
 }
 
+/// The status of a request refused by a failure of ours, in the spec's media type: the codes
+/// `AppError` gives what is not the client's to fix.
+fn server_failure(code: &str) -> Option<StatusCode> {
+    match code {
+        "UNAVAILABLE" => Some(StatusCode::SERVICE_UNAVAILABLE),
+        "INTERNAL" => Some(StatusCode::INTERNAL_SERVER_ERROR),
+        _ => None,
+    }
+}
+
 async fn respond(
     state: &AppState,
     peer: SocketAddr,
@@ -301,7 +310,7 @@ async fn respond(
     attach_request_data(&state.services, &mut request.data, caller);
     request.data.insert(method);
     let response = state.schema.execute(request).await;
-    let mut answer = media::answer(response, media, method);
+    let mut answer = media::answer(response, media, method, server_failure);
     if method == HttpMethod::Get {
         let headers = answer.headers_mut();
         // Answers differ by who asks and in what type; a cache must not hand one to the other.

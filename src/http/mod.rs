@@ -3,10 +3,8 @@
 mod assets;
 pub mod client_ip;
 mod graphql;
-mod media;
 mod ops;
 pub mod server;
-pub mod websocket;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +18,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use client_ip::TrustedProxies;
+pub use pulse_edge::websocket;
 
 use crate::app::AppState;
 

@@ -7,10 +7,16 @@
 //!   change it.
 //! - [`order`]: response fields in the order the document selected them, which async-graphql does
 //!   not keep when it resolves fields concurrently.
+//! - [`media`]: the media types of GraphQL over HTTP, negotiated from `Accept`, and the status
+//!   codes each one's answers carry.
+//! - [`websocket`]: a driver for both websocket protocols that bounds what async-graphql leaves
+//!   open (the init timeout, duplicate ids, operations per socket, a close at shutdown).
 //!
 //! This crate names no domain and depends on no application: an app depends on it, never the
 //! other way, so a domain type used here fails to compile.
 
 pub mod guard;
+pub mod media;
 pub mod order;
 pub mod validated;
+pub mod websocket;

@@ -1,24 +1,35 @@
-//! The websocket driver. async-graphql speaks both protocols but leaves four things to its caller:
-//! a socket that never sends `connection_init` would stay open for good (here it is closed with 4408
-//! after the init timeout); a graphql-transport-ws `subscribe` under an id already running would
-//! silently replace that subscription (here it closes the socket with 4409, as the protocol says);
-//! one socket could run any number of subscriptions, each a task and a channel on the server (here
-//! the one past [`MAX_SUBSCRIPTIONS`] closes the socket with 1008, policy violation); and at
-//! shutdown the socket would just be cut (here it gets a 1001 "going away" close first).
+//! A websocket driver for any async-graphql executor, speaking graphql-transport-ws and the legacy
+//! subscriptions-transport-ws. async-graphql speaks both protocols but leaves four things to its
+//! caller: a socket that never sends `connection_init` would stay open for good (here it is closed
+//! with 4408 after the init timeout); a graphql-transport-ws `subscribe` under an id already
+//! running would silently replace that subscription (here it closes the socket with 4409, as the
+//! protocol says); one socket could run any number of subscriptions, each a task and a channel on
+//! the server (here the one past [`MAX_SUBSCRIPTIONS`] closes the socket with 1008, policy
+//! violation); and at shutdown the socket would just be cut (here it gets a 1001 "going away"
+//! close first).
+//!
+//! The caller upgrades the connection (offering the [`protocol`] the client asked for) and hands
+//! the socket to [`serve`] with its executor, usually an `async_graphql::Schema`, and what to do
+//! with the `connection_init` payload: typically authenticate it and return the connection's
+//! `Data`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_graphql::Data;
 use async_graphql::http::{WebSocketProtocols, WsMessage};
+use async_graphql::{Data, ErrorExtensionValues, Executor};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use axum::http::{HeaderMap, header};
 use futures_util::{SinkExt as _, StreamExt as _, future};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::graphql::PulseSchema;
+/// The code of a legacy `connection_error` for a `connection_init` refused without a code of its
+/// own.
+const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+/// The code of a legacy `connection_error` for a protocol mistake (a second `connection_init`).
+const CLIENT_ERROR: &str = "BAD_USER_INPUT";
 
 /// Operations one socket may run at once.
 pub const MAX_SUBSCRIPTIONS: usize = 100;
@@ -27,7 +38,7 @@ pub const MAX_SUBSCRIPTIONS: usize = 100;
 /// while the client still sends would reset it, and a reset can take the close frame with it.
 const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
 
-/// The protocol of the first `Sec-WebSocket-Protocol` the client offers that Pulse speaks.
+/// The protocol of the first `Sec-WebSocket-Protocol` the client offers that the driver speaks.
 pub fn protocol(headers: &HeaderMap) -> Option<WebSocketProtocols> {
     headers
         .get(header::SEC_WEBSOCKET_PROTOCOL)?
@@ -37,20 +48,37 @@ pub fn protocol(headers: &HeaderMap) -> Option<WebSocketProtocols> {
         .find_map(|offered| offered.trim().parse().ok())
 }
 
-/// Serves GraphQL over `socket` until the client leaves, breaks the protocol, or the server stops.
-pub async fn serve<OnInit, InitFuture>(
+/// Serves GraphQL over `socket` until the client leaves, breaks the protocol, or `shutdown` is
+/// cancelled. `on_init` gets the `connection_init` payload and returns the data every operation of
+/// the connection sees, or the error that refuses the connection (4403 on graphql-transport-ws).
+pub async fn serve<E, OnInit, InitFuture>(
     socket: WebSocket,
     protocol: WebSocketProtocols,
-    schema: PulseSchema,
+    executor: E,
     init_timeout: Duration,
     shutdown: CancellationToken,
     on_init: OnInit,
 ) where
+    E: Executor,
     OnInit: FnOnce(serde_json::Value) -> InitFuture + Send + 'static,
     InitFuture: Future<Output = async_graphql::Result<Data>> + Send + 'static,
 {
     let (mut sink, mut stream) = socket.split();
     let session = Arc::new(Mutex::new(Session::new(protocol)));
+    let on_init = {
+        let session = session.clone();
+        move |payload| {
+            let init = on_init(payload);
+            async move {
+                let data = init.await;
+                if let Err(error) = &data {
+                    lock(&session).init_refusal =
+                        Some(error.extensions.clone().unwrap_or_default());
+                }
+                data
+            }
+        }
+    };
     let close = {
         let watched = session.clone();
         let input = stream
@@ -66,7 +94,7 @@ pub async fn serve<OnInit, InitFuture>(
             })
             // A refused message ends the input, and with it the exchange, before async-graphql sees it.
             .take_while(move |data| future::ready(lock(&watched).admit(data)));
-        let graphql = async_graphql::http::WebSocket::new(schema, input, protocol)
+        let graphql = async_graphql::http::WebSocket::new(executor, input, protocol)
             .on_connection_init(on_init);
         let mut graphql = std::pin::pin!(graphql);
         let mut init_deadline = std::pin::pin!(tokio::time::sleep(init_timeout));
@@ -148,6 +176,9 @@ struct Session {
     running: HashSet<String>,
     /// The close a refused message calls for.
     refusal: Option<CloseFrame>,
+    /// The extensions of the error that refused `connection_init`, which async-graphql leaves out
+    /// of the legacy protocol's `connection_error`.
+    init_refusal: Option<ErrorExtensionValues>,
 }
 
 /// The two fields of a protocol message the driver looks at; the payload is skipped unparsed.
@@ -166,6 +197,7 @@ impl Session {
             acknowledged: false,
             running: HashSet::new(),
             refusal: None,
+            init_refusal: None,
         }
     }
 
@@ -202,7 +234,7 @@ impl Session {
     }
 
     /// A server message on its way out: noted, and on the legacy protocol a `connection_error`
-    /// given the code every other error carries (async-graphql sends the message alone).
+    /// given a code like every other error (async-graphql sends the message alone).
     fn outgoing(&mut self, text: String) -> String {
         if self.protocol == WebSocketProtocols::SubscriptionsTransportWS
             && text.contains("connection_error")
@@ -218,14 +250,21 @@ impl Session {
         if message["type"] != "connection_error" {
             return None;
         }
-        // Before the acknowledgement the error is the refused `connection_init`, whose only failure
-        // is the token; after it, a second `connection_init`.
-        let code = if self.acknowledged {
-            "BAD_USER_INPUT"
-        } else {
-            "UNAUTHENTICATED"
+        // Before the acknowledgement the error is the refused `connection_init`, with the caller's
+        // extensions; one without a code refused the payload, where clients authenticate. After the
+        // acknowledgement, it is a second `connection_init`: the client's mistake.
+        let extensions = match &self.init_refusal {
+            Some(refusal) if !self.acknowledged => {
+                let mut extensions = serde_json::to_value(refusal).ok()?;
+                if extensions.get("code").is_none() {
+                    extensions["code"] = UNAUTHENTICATED.into();
+                }
+                extensions
+            }
+            _ if !self.acknowledged => serde_json::json!({ "code": UNAUTHENTICATED }),
+            _ => serde_json::json!({ "code": CLIENT_ERROR }),
         };
-        message["payload"]["extensions"] = serde_json::json!({ "code": code });
+        message["payload"]["extensions"] = extensions;
         Some(message.to_string())
     }
 
@@ -340,6 +379,38 @@ mod tests {
                 refusal.reason
             );
         }
+    }
+
+    fn connection_error(session: &mut Session) -> serde_json::Value {
+        let sent = r#"{"type":"connection_error","payload":{"message":"refused"}}"#;
+        serde_json::from_str(&session.outgoing(sent.to_owned())).unwrap()
+    }
+
+    #[test]
+    fn a_legacy_connection_error_carries_the_refusals_extensions_or_a_code_for_its_cause() {
+        let legacy = WebSocketProtocols::SubscriptionsTransportWS;
+        let mut session = Session::new(legacy);
+        let mut extensions = ErrorExtensionValues::default();
+        extensions.set("code", "FORBIDDEN");
+        extensions.set("retryAfterSeconds", 3);
+        session.init_refusal = Some(extensions);
+        assert_eq!(
+            connection_error(&mut session)["payload"],
+            serde_json::json!({
+                "message": "refused",
+                "extensions": { "code": "FORBIDDEN", "retryAfterSeconds": 3 }
+            })
+        );
+
+        let mut session = Session::new(legacy);
+        session.init_refusal = Some(ErrorExtensionValues::default());
+        let error = connection_error(&mut session);
+        assert_eq!(error["payload"]["extensions"]["code"], "UNAUTHENTICATED");
+
+        let mut session = Session::new(legacy);
+        session.sent(r#"{"type":"connection_ack"}"#);
+        let error = connection_error(&mut session);
+        assert_eq!(error["payload"]["extensions"]["code"], "BAD_USER_INPUT");
     }
 
     #[test]

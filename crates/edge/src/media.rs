@@ -4,17 +4,34 @@
 //! `application/graphql-response+json` is the spec's own type: a request that never executed (it
 //! did not parse or validate, its variables did not coerce) is a 4xx without a `data` entry, so
 //! proxies and clients can tell it from an answer. `application/json` is what clients sent before
-//! the spec: every GraphQL answer is a 200 there, as it always was here.
+//! the spec: every GraphQL answer is a 200 there.
+//!
+//! A request error's status comes from its first error's `extensions.code`: `METHOD_NOT_ALLOWED`
+//! is a 405 (with `Allow: POST`) in either type; in the spec's type, a code the server names as its
+//! own failure gets the status the server gives it (a 503 for a backend that is down, say), and any
+//! other code is a 400.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 
-use crate::graphql::extensions::HttpMethod;
+/// How a request arrived over HTTP; requests without one (in the request's data) came over a
+/// websocket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpMethod {
+    Get,
+    Post,
+}
 
+/// The code of a request the transport cannot carry (a mutation over GET): a 405.
+pub const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
+
+/// The spec's own media type.
 pub const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
+/// The media type clients used before the spec.
 pub const JSON: &str = "application/json";
 
+/// A media type a GraphQL answer goes out in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MediaType {
     GraphqlResponseJson,
@@ -42,9 +59,9 @@ pub enum Accepted {
     Nothing,
 }
 
-/// The client's preferred type by quality; on a tie the spec's type, then JSON, then HTML. No
-/// `Accept` header, `*/*` or `application/*` mean `application/json`, as the spec asks while
-/// clients move over.
+/// The client's preferred type by quality; on a tie the spec's type, then JSON, then HTML (only
+/// where `html` says the endpoint has a page to show). No `Accept` header, `*/*` or
+/// `application/*` mean `application/json`, as the spec asks while clients move over.
 pub fn negotiate(headers: &HeaderMap, html: bool) -> Accepted {
     let Some(accept) = headers
         .get(header::ACCEPT)
@@ -80,6 +97,7 @@ pub fn negotiate(headers: &HeaderMap, html: bool) -> Accepted {
     best.map_or(Accepted::Nothing, |(_, _, accepted)| accepted)
 }
 
+/// A response of `status` with a JSON `body` labelled as `media`.
 pub fn json_response(status: StatusCode, media: MediaType, body: String) -> Response {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
@@ -104,8 +122,14 @@ fn first_code(response: &async_graphql::Response) -> Option<&str> {
     }
 }
 
-/// The HTTP answer to an executed (or refused) GraphQL request.
-pub fn answer(response: async_graphql::Response, media: MediaType, method: HttpMethod) -> Response {
+/// The HTTP answer to an executed (or refused) GraphQL request. `server_failure` gives the status
+/// of the codes that are the server's failure, not the client's mistake (`None` for the others).
+pub fn answer(
+    response: async_graphql::Response,
+    media: MediaType,
+    method: HttpMethod,
+    server_failure: impl Fn(&str) -> Option<StatusCode>,
+) -> Response {
     let request_error = is_request_error(&response);
     let code = if request_error {
         first_code(&response)
@@ -113,10 +137,10 @@ pub fn answer(response: async_graphql::Response, media: MediaType, method: HttpM
         None
     };
     let status = match (code, media) {
-        (Some("METHOD_NOT_ALLOWED"), _) => StatusCode::METHOD_NOT_ALLOWED,
-        (Some("UNAVAILABLE"), MediaType::GraphqlResponseJson) => StatusCode::SERVICE_UNAVAILABLE,
-        (Some("INTERNAL"), MediaType::GraphqlResponseJson) => StatusCode::INTERNAL_SERVER_ERROR,
-        (Some(_), MediaType::GraphqlResponseJson) => StatusCode::BAD_REQUEST,
+        (Some(METHOD_NOT_ALLOWED), _) => StatusCode::METHOD_NOT_ALLOWED,
+        (Some(code), MediaType::GraphqlResponseJson) => {
+            server_failure(code).unwrap_or(StatusCode::BAD_REQUEST)
+        }
         _ => StatusCode::OK,
     };
     let cache_control = (method == HttpMethod::Get && response.errors.is_empty())
@@ -146,7 +170,100 @@ pub fn answer(response: async_graphql::Response, media: MediaType, method: HttpM
 
 #[cfg(test)]
 mod tests {
+    use async_graphql::{ErrorExtensionValues, Pos, ServerError};
+
     use super::*;
+
+    fn request_error(code: &str) -> async_graphql::Response {
+        let mut error = ServerError::new("refused", Some(Pos { line: 1, column: 1 }));
+        let mut extensions = ErrorExtensionValues::default();
+        extensions.set("code", code);
+        error.extensions = Some(extensions);
+        async_graphql::Response::from_errors(vec![error])
+    }
+
+    fn server_failure(code: &str) -> Option<StatusCode> {
+        (code == "DOWN").then_some(StatusCode::SERVICE_UNAVAILABLE)
+    }
+
+    async fn answered(
+        response: async_graphql::Response,
+        media: MediaType,
+        method: HttpMethod,
+    ) -> (StatusCode, HeaderMap, serde_json::Value) {
+        let answer = answer(response, media, method, server_failure);
+        let (parts, body) = answer.into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        let body = serde_json::from_slice(&body).unwrap();
+        (parts.status, parts.headers, body)
+    }
+
+    #[tokio::test]
+    async fn a_request_error_is_a_4xx_without_data_in_the_specs_type_and_a_200_in_json() {
+        use MediaType::*;
+        let (status, headers, body) = answered(
+            request_error("BAD_USER_INPUT"),
+            GraphqlResponseJson,
+            HttpMethod::Post,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            headers[header::CONTENT_TYPE],
+            "application/graphql-response+json; charset=utf-8"
+        );
+        assert!(body.get("data").is_none(), "{body}");
+        assert_eq!(body["errors"][0]["extensions"]["code"], "BAD_USER_INPUT");
+
+        let (status, headers, body) =
+            answered(request_error("BAD_USER_INPUT"), Json, HttpMethod::Post).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers[header::CONTENT_TYPE], JSON);
+        assert_eq!(body["data"], serde_json::Value::Null);
+    }
+
+    #[tokio::test]
+    async fn the_servers_own_failures_get_its_status_and_a_mutation_over_get_a_405_in_either_type()
+    {
+        use MediaType::*;
+        let (status, ..) =
+            answered(request_error("DOWN"), GraphqlResponseJson, HttpMethod::Post).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let (status, ..) = answered(request_error("DOWN"), Json, HttpMethod::Post).await;
+        assert_eq!(status, StatusCode::OK);
+        for media in [GraphqlResponseJson, Json] {
+            let (status, headers, _) =
+                answered(request_error(METHOD_NOT_ALLOWED), media, HttpMethod::Get).await;
+            assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+            assert_eq!(headers[header::ALLOW], "POST");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_error_at_a_field_is_an_answer_not_a_request_error() {
+        let mut response = request_error("DOWN");
+        response.errors[0].path = vec![async_graphql::PathSegment::Field("article".into())];
+        let (status, _, body) =
+            answered(response, MediaType::GraphqlResponseJson, HttpMethod::Post).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["data"], serde_json::Value::Null);
+    }
+
+    #[tokio::test]
+    async fn only_a_successful_get_carries_the_responses_cache_control() {
+        let cached = || {
+            let mut response = async_graphql::Response::new(async_graphql::Value::Null);
+            response.cache_control = async_graphql::CacheControl {
+                public: true,
+                max_age: 60,
+            };
+            response
+        };
+        let (_, headers, _) = answered(cached(), MediaType::Json, HttpMethod::Get).await;
+        assert_eq!(headers[header::CACHE_CONTROL], "max-age=60");
+        let (_, headers, _) = answered(cached(), MediaType::Json, HttpMethod::Post).await;
+        assert!(headers.get(header::CACHE_CONTROL).is_none());
+    }
 
     fn accepting(accept: Option<&str>, html: bool) -> Accepted {
         let mut headers = HeaderMap::new();
