@@ -211,8 +211,8 @@ async fn jobs(backends: &Backends, action: JobsAction) -> anyhow::Result<()> {
             if crate::services::JOBS.is_empty() {
                 println!("no jobs registered");
             }
-            for spec in crate::services::JOBS {
-                for stream in crate::jobs::status(redis, *spec).await? {
+            for spec in crate::services::JOBS.iter().map(|job| job.spec) {
+                for stream in crate::jobs::status(redis, spec).await? {
                     println!(
                         "{} {}: length {}, pending {}, lag {}, dead letters {}",
                         spec.name,
@@ -227,7 +227,10 @@ async fn jobs(backends: &Backends, action: JobsAction) -> anyhow::Result<()> {
         }
         JobsAction::RetryDead { job } => {
             let Some(spec) = crate::services::job(&job) else {
-                let known: Vec<&str> = crate::services::JOBS.iter().map(|spec| spec.name).collect();
+                let known: Vec<&str> = crate::services::JOBS
+                    .iter()
+                    .map(|job| job.spec.name)
+                    .collect();
                 anyhow::bail!("no job named {job:?}; registered jobs: {known:?}");
             };
             let moved = crate::jobs::retry_dead(redis, spec).await?;

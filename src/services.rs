@@ -1,51 +1,144 @@
-//! The service registry: every domain service, built in one place from the backends and the
-//! configuration, with the domain workers started next to the services they serve.
-//!
-//! A new domain adds its service in [`Services::build`] and, if it has one, starts its worker in
-//! [`Services::start`]; nothing else in the wiring changes. The one-shot commands build the
-//! services and start nothing ([`Services::for_command`]).
+//! The registration point: every domain service, built in one place from the backends and the
+//! configuration; the jobs the binary runs; the schema's root parts and the types a global id can
+//! name. A new domain adds its service in [`Services::build`] (its worker, if it has one, in
+//! [`Services::start`]), its jobs to [`JOBS`], its root parts to [`Query`], [`Mutation`] and
+//! [`Subscription`], and its node types to the `node_types!` list; nothing else in the wiring
+//! changes. The one-shot commands build the services and start nothing ([`Services::for_command`]).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use async_graphql::{MergedObject, MergedSubscription};
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::accounts::graphql::{AccountsMutation, AccountsQuery, User, load_user};
 use crate::accounts::{AccountService, TokenSigner};
+use crate::articles::graphql::{
+    Article, ArticlesMutation, ArticlesQuery, ArticlesSubscription, load_article,
+};
 use crate::articles::stats::StatsWorkers;
 use crate::articles::{ArticleService, ArticleStatsService};
 use crate::config::Config;
 use crate::documents::DocumentStore;
 use crate::feed::follow_sync::FollowHook;
+use crate::feed::graphql::{FeedQuery, FeedSubscription};
 use crate::feed::publications::Relay;
 use crate::feed::{FeedService, FeedSettings, FeedStore};
 use crate::follows::FollowService;
+use crate::follows::graphql::FollowsMutation;
+use crate::graphql::node::node_types;
 use crate::jobs::{Handler, JobRuntime, JobSettings, JobSpec};
 use crate::likes::featured::FeaturedCommentService;
+use crate::likes::graphql::{Comment, LikesMutation, load_comment};
 use crate::likes::{CommentService, LikeArchiver, LikeService};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::views::crawler::CrawlerDetector;
+use crate::views::graphql::{ViewsMutation, ViewsQuery};
 use crate::views::{ViewFlusher, ViewService};
+use crate::votes::graphql::{
+    Poll, PollOption, VotesMutation, VotesQuery, VotesSubscription, load_poll, load_poll_option,
+};
 use crate::votes::live::LiveWorkers;
 use crate::votes::{LiveBoardService, PollAdminService, PollConfigs, VoteArchiver, VoteService};
 
-/// Every job the binary runs, in the order [`Services::start`] starts them (it refuses to start
-/// otherwise): `pulse jobs status` and `pulse jobs retry-dead` read this list, and every job
-/// metric starts with a series for each.
-pub const JOBS: &[JobSpec] = &[
-    crate::likes::archive::SPEC,
-    crate::votes::archive::SPEC,
-    crate::feed::dispatch::SPEC,
-    crate::feed::fanout::SPEC,
-    crate::feed::follow_sync::SPEC,
+// The schema's roots: each domain's parts, merged (a doc comment here would show in the schema).
+#[derive(MergedObject, Default)]
+pub struct Query(
+    NodeQuery,
+    AccountsQuery,
+    ArticlesQuery,
+    ViewsQuery,
+    VotesQuery,
+    FeedQuery,
+);
+
+#[derive(MergedObject, Default)]
+pub struct Mutation(
+    AccountsMutation,
+    ArticlesMutation,
+    ViewsMutation,
+    LikesMutation,
+    VotesMutation,
+    FollowsMutation,
+);
+
+#[derive(MergedSubscription, Default)]
+pub struct Subscription(ArticlesSubscription, VotesSubscription, FeedSubscription);
+
+node_types! {
+    User => load_user,
+    Article => load_article,
+    Comment => load_comment,
+    Poll => load_poll,
+    PollOption => load_poll_option,
+}
+
+/// A job the binary runs: its identity (what `pulse jobs` and the job metrics know of it) and how
+/// its handler is made when the process runs jobs.
+#[derive(Clone, Copy)]
+pub struct Job {
+    pub spec: JobSpec,
+    handler: fn(&JobInputs<'_>) -> Arc<dyn Handler>,
+}
+
+/// What job handlers are made from: the jobs' own Redis connection (see [`Services::start`]) and
+/// the running services.
+struct JobInputs<'a> {
+    db: &'a DatabaseConnection,
+    redis: &'a Redis,
+    services: &'a Services,
+    config: &'a Config,
+}
+
+impl JobInputs<'_> {
+    fn feed_store(&self) -> FeedStore {
+        self.services.feed.store().with_redis(self.redis.clone())
+    }
+}
+
+/// Every job the binary runs, in the order the runtime starts them: `pulse jobs status` and
+/// `pulse jobs retry-dead` read this list, every job metric starts with a series for each, and the
+/// runtime runs exactly these handlers.
+pub const JOBS: &[Job] = &[
+    Job {
+        spec: crate::likes::archive::SPEC,
+        handler: |jobs| {
+            Arc::new(LikeArchiver::new(
+                jobs.db.clone(),
+                jobs.redis.clone(),
+                jobs.services.featured.clone(),
+                jobs.config.like_relation_ttl,
+                jobs.config.timezone,
+            ))
+        },
+    },
+    Job {
+        spec: crate::votes::archive::SPEC,
+        handler: |jobs| Arc::new(VoteArchiver::new(jobs.db.clone())),
+    },
+    Job {
+        spec: crate::feed::dispatch::SPEC,
+        handler: |jobs| Arc::new(crate::feed::dispatch::Dispatcher(jobs.feed_store())),
+    },
+    Job {
+        spec: crate::feed::fanout::SPEC,
+        handler: |jobs| Arc::new(crate::feed::fanout::Fanout(jobs.feed_store())),
+    },
+    Job {
+        spec: crate::feed::follow_sync::SPEC,
+        handler: |jobs| Arc::new(crate::feed::follow_sync::FollowSync(jobs.feed_store())),
+    },
 ];
 
 /// A job of [`JOBS`] by name.
 pub fn job(name: &str) -> Option<JobSpec> {
-    JOBS.iter().copied().find(|spec| spec.name == name)
+    JOBS.iter()
+        .map(|job| job.spec)
+        .find(|spec| spec.name == name)
 }
 
 /// What the services are built from: the backends, and the token signer every session check needs.
@@ -225,26 +318,13 @@ impl Services {
                 .own_connection()
                 .await
                 .context("cannot open the background jobs' Redis connection")?;
-            let feed_store = services.feed.store().with_redis(redis.clone());
-            let jobs: Vec<Arc<dyn Handler>> = vec![
-                Arc::new(LikeArchiver::new(
-                    db.clone(),
-                    redis.clone(),
-                    services.featured.clone(),
-                    config.like_relation_ttl,
-                    config.timezone,
-                )),
-                Arc::new(VoteArchiver::new(db.clone())),
-                Arc::new(crate::feed::dispatch::Dispatcher(feed_store.clone())),
-                Arc::new(crate::feed::fanout::Fanout(feed_store.clone())),
-                Arc::new(crate::feed::follow_sync::FollowSync(feed_store)),
-            ];
-            anyhow::ensure!(
-                jobs.iter()
-                    .map(|job| job.job_spec())
-                    .eq(JOBS.iter().copied()),
-                "the jobs started are not the jobs of services::JOBS"
-            );
+            let inputs = JobInputs {
+                db,
+                redis,
+                services: &services,
+                config,
+            };
+            let jobs = JOBS.iter().map(|job| (job.handler)(&inputs)).collect();
             let relay = Relay::new(services.feed.store().clone());
             workers
                 .tasks

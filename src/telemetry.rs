@@ -95,7 +95,7 @@ impl Metric {
                 .collect(),
             Initial::PerJob => crate::services::JOBS
                 .iter()
-                .map(|spec| vec![metrics::Label::new("job", spec.name)])
+                .map(|job| vec![metrics::Label::new("job", job.spec.name)])
                 .collect(),
         };
         for labels in label_sets {

@@ -16,8 +16,8 @@ const ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-pub use super::node::NodeType;
 use crate::error::{AppError, AppResult};
+pub use crate::services::NodeType;
 
 pub fn encode(node_type: NodeType, id: i64) -> ID {
     ID(URL_SAFE_NO_PAD.encode(format!("{}:{id}", node_type.name())))

@@ -1,44 +1,13 @@
 use std::sync::Arc;
 
-use async_graphql::{MergedObject, MergedSubscription, Schema};
+use async_graphql::Schema;
 
 use super::extensions::{DocumentGuard, OperationMetrics, QueryLimitsCheck, RequestPipeline};
 use super::loaders::Loaders;
-use super::node::NodeQuery;
 use super::order::SchemaTypes;
 use super::validated::ValidationTally;
-use crate::accounts::graphql::{AccountsMutation, AccountsQuery};
 use crate::actor::Actor;
-use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscription};
-use crate::feed::graphql::{FeedQuery, FeedSubscription};
-use crate::follows::graphql::FollowsMutation;
-use crate::likes::graphql::LikesMutation;
-use crate::services::Services;
-use crate::views::graphql::{ViewsMutation, ViewsQuery};
-use crate::votes::graphql::{VotesMutation, VotesQuery, VotesSubscription};
-
-#[derive(MergedObject, Default)]
-pub struct Query(
-    NodeQuery,
-    AccountsQuery,
-    ArticlesQuery,
-    ViewsQuery,
-    VotesQuery,
-    FeedQuery,
-);
-
-#[derive(MergedObject, Default)]
-pub struct Mutation(
-    AccountsMutation,
-    ArticlesMutation,
-    ViewsMutation,
-    LikesMutation,
-    VotesMutation,
-    FollowsMutation,
-);
-
-#[derive(MergedSubscription, Default)]
-pub struct Subscription(ArticlesSubscription, VotesSubscription, FeedSubscription);
+use crate::services::{Mutation, Query, Services, Subscription};
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 
