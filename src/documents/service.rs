@@ -2,7 +2,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use async_graphql::ErrorExtensions as _;
 use pulse_edge::persisted::{PersistedMode, sha256_hex};
 use redis::AsyncCommands;
 use sea_orm::{ActiveModelTrait, DatabaseConnection, EntityTrait, QueryOrder, Set};
@@ -57,9 +56,13 @@ impl DocumentStore {
         }
     }
 
+    pub fn mode(&self) -> PersistedMode {
+        self.mode
+    }
+
     /// The document an automatic persisted query registered under `sha256`; reading it keeps it
     /// another TTL.
-    async fn persisted(&self, sha256: &str) -> AppResult<Option<String>> {
+    pub async fn persisted(&self, sha256: &str) -> AppResult<Option<String>> {
         let key = self.redis.keys.persisted_query(sha256);
         let mut conn = self.redis.conn.clone();
         let expiry = redis::Expiry::EX(self.apq_ttl.as_secs().max(1));
@@ -67,7 +70,7 @@ impl DocumentStore {
     }
 
     /// Registers `document` under its hash for the TTL. The caller has checked the hash.
-    async fn persist(&self, sha256: &str, document: &str) -> AppResult<()> {
+    pub async fn persist(&self, sha256: &str, document: &str) -> AppResult<()> {
         let key = self.redis.keys.persisted_query(sha256);
         let mut conn = self.redis.conn.clone();
         let ttl = self.apq_ttl.as_secs().max(1);
@@ -76,7 +79,7 @@ impl DocumentStore {
     }
 
     /// The trusted document registered under `sha256`.
-    async fn trusted_document(&self, sha256: &str) -> AppResult<Option<Arc<str>>> {
+    pub async fn trusted(&self, sha256: &str) -> AppResult<Option<Arc<str>>> {
         if let Some(found) = self.cached_trusted(sha256) {
             return Ok(Some(found));
         }
@@ -149,30 +152,5 @@ impl DocumentStore {
     fn cached_trusted(&self, sha256: &str) -> Option<Arc<str>> {
         let cache = self.trusted.read().expect("trusted cache poisoned");
         cache.documents.get(sha256).cloned()
-    }
-}
-
-/// The store behind the request pipeline's persisted documents: APQ in Redis, trusted documents
-/// in SQL. Failures reach the client as their code (`UNAVAILABLE`, `INTERNAL`), logged once.
-#[async_trait::async_trait]
-impl pulse_edge::persisted::DocumentStore for DocumentStore {
-    fn mode(&self) -> PersistedMode {
-        self.mode
-    }
-
-    async fn registered(&self, sha256: &str) -> async_graphql::Result<Option<String>> {
-        self.persisted(sha256).await.map_err(|err| err.extend())
-    }
-
-    async fn register(&self, sha256: &str, document: &str) -> async_graphql::Result<()> {
-        self.persist(sha256, document)
-            .await
-            .map_err(|err| err.extend())
-    }
-
-    async fn trusted(&self, sha256: &str) -> async_graphql::Result<Option<Arc<str>>> {
-        self.trusted_document(sha256)
-            .await
-            .map_err(|err| err.extend())
     }
 }

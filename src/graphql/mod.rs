@@ -5,6 +5,7 @@ pub mod ids;
 pub mod loaders;
 pub mod node;
 pub mod pagination;
+mod persisted;
 pub mod schema;
 
 use async_graphql::Context;
