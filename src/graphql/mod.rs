@@ -1,6 +1,5 @@
 //! The GraphQL surface: schema assembly, per-request context, ids, pagination and limits.
 
-pub mod extensions;
 pub mod ids;
 pub mod loaders;
 pub mod node;

@@ -1,8 +1,8 @@
 use std::sync::Arc;
 
 use async_graphql::Schema;
+use pulse_edge::pipeline::{DocumentGuard, OperationMetrics, QueryLimitsCheck, RequestPipeline};
 
-use super::extensions::{DocumentGuard, OperationMetrics, QueryLimitsCheck, RequestPipeline};
 use super::loaders::Loaders;
 use super::order::SchemaTypes;
 use super::validated::ValidationTally;
@@ -52,6 +52,7 @@ pub fn build(
         metrics: OperationMetrics::default(),
         documents: Arc::new(services.documents.clone()),
         guard: DocumentGuard::new(limits.max_complexity, Arc::new(types), validations),
+        websocket_url: crate::http::WEBSOCKET_PATH.to_owned(),
     });
     let builder = if limits.introspection {
         builder

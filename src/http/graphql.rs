@@ -8,6 +8,7 @@ use axum::extract::{ConnectInfo, Extension, FromRequest, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use pulse_edge::media::{self, Accepted, HttpMethod, MediaType};
+use pulse_edge::pipeline::shorten_message;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -16,7 +17,7 @@ use super::server::ConnectionSlot;
 use super::websocket;
 use crate::actor::Actor;
 use crate::app::AppState;
-use crate::error::{AppError, shorten_message};
+use crate::error::AppError;
 use crate::graphql::schema::attach_request_data;
 
 /// A transport-level failure, in the shape GraphQL clients already parse.

@@ -22,13 +22,16 @@ pub use pulse_edge::websocket;
 
 use crate::app::AppState;
 
+/// Where GraphQL subscriptions are served, over a websocket.
+pub const WEBSOCKET_PATH: &str = "/graphql/ws";
+
 pub fn router(state: AppState, cors: CorsLayer) -> Router {
     let max_body_bytes = state.max_body_bytes;
     Router::new()
         .route("/", get(assets::app))
         .route("/assets/{*path}", get(assets::asset))
         .route("/graphql", get(graphql::get).post(graphql::post))
-        .route("/graphql/ws", get(graphql::websocket))
+        .route(WEBSOCKET_PATH, get(graphql::websocket))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

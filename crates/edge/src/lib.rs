@@ -9,6 +9,9 @@
 //!   not keep when it resolves fields concurrently.
 //! - [`media`]: the media types of GraphQL over HTTP, negotiated from `Accept`, and the status
 //!   codes each one's answers carry.
+//! - [`pipeline`]: the one extension every request passes: error codes, depth and complexity
+//!   limits, per-operation metrics, persisted documents, the guard with a parsed-document cache,
+//!   validation once and the response order.
 //! - [`persisted`]: persisted documents (automatic persisted queries, trusted documents) by
 //!   their SHA-256, kept in a store the server implements.
 //! - [`websocket`]: a driver for both websocket protocols that bounds what async-graphql leaves
@@ -21,5 +24,6 @@ pub mod guard;
 pub mod media;
 pub mod order;
 pub mod persisted;
+pub mod pipeline;
 pub mod validated;
 pub mod websocket;

@@ -23,12 +23,6 @@ pub enum AppError {
     },
     #[error("the request body did not arrive within {}", humantime::format_duration(*.0))]
     BodyTimeout(std::time::Duration),
-    #[error("a mutation cannot be sent with GET; send it with POST")]
-    MutationOverGet,
-    #[error(
-        "subscriptions are served over a websocket at /graphql/ws (subprotocol graphql-transport-ws or graphql-ws), not over HTTP"
-    )]
-    SubscriptionOverHttp,
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error("database error: {0}")]
@@ -62,8 +56,6 @@ impl AppError {
             Self::NotFound(_) | Self::NoSuchHandle(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
-            Self::MutationOverGet => "METHOD_NOT_ALLOWED",
-            Self::SubscriptionOverHttp => "WEBSOCKET_REQUIRED",
             // The client did not send its body in time: its request to fix, like any other.
             Self::BodyTimeout(_) => "BAD_USER_INPUT",
             Self::Database(err) if crate::sql::transient(err).is_some() => "UNAVAILABLE",
@@ -144,23 +136,6 @@ impl<T> UniqueViolationExt<T> for Result<T, sea_orm::DbErr> {
     }
 }
 
-/// Longest error message sent to a client. Messages that echo client text (an operation or fragment
-/// name, a value) are cut here, so a request cannot have its own bulk sent back.
-pub const MAX_MESSAGE_BYTES: usize = 512;
-
-/// Cuts `message` to at most [`MAX_MESSAGE_BYTES`] (on a character boundary), marking the cut.
-pub fn shorten_message(message: &mut String) {
-    if message.len() <= MAX_MESSAGE_BYTES {
-        return;
-    }
-    let mut cut = MAX_MESSAGE_BYTES - '…'.len_utf8();
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    message.truncate(cut);
-    message.push('…');
-}
-
 /// Lets resolvers write `service_call().await.gql()?`.
 pub trait GqlResultExt<T> {
     fn gql(self) -> async_graphql::Result<T>;
@@ -169,25 +144,5 @@ pub trait GqlResultExt<T> {
 impl<T> GqlResultExt<T> for AppResult<T> {
     fn gql(self) -> async_graphql::Result<T> {
         self.map_err(|err| err.extend())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn short_messages_are_left_alone() {
-        let mut message = "x".repeat(MAX_MESSAGE_BYTES);
-        shorten_message(&mut message);
-        assert_eq!(message, "x".repeat(MAX_MESSAGE_BYTES));
-    }
-
-    #[test]
-    fn long_messages_are_cut_on_a_character_boundary() {
-        let mut message = "é".repeat(MAX_MESSAGE_BYTES);
-        shorten_message(&mut message);
-        assert!(message.len() <= MAX_MESSAGE_BYTES, "{}", message.len());
-        assert!(message.ends_with("é…"), "{message}");
     }
 }

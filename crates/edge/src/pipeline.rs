@@ -1,6 +1,13 @@
-//! The request pipeline, async-graphql's one extension here: error codes on every error, the query
-//! limits, per-operation metrics, persisted documents, the document guard with the parsed-document
-//! cache, and the response order.
+//! The request pipeline, one async-graphql extension for any schema: error codes on every error,
+//! the query limits, per-operation metrics, persisted documents, the document guard with the
+//! parsed-document cache, and the response order.
+//!
+//! Errors raised here carry their code in `extensions.code`: `BAD_USER_INPUT` for a document or
+//! variables the client must fix (and for any error async-graphql raised without a code),
+//! `METHOD_NOT_ALLOWED` for a mutation over GET, `WEBSOCKET_REQUIRED` for a subscription over
+//! HTTP, and the persisted documents' own (see [`crate::persisted`]). The metrics are
+//! `pulse_graphql_requests_total` and `pulse_graphql_request_duration_seconds`, labelled by
+//! `operation` and `outcome`.
 
 use std::any::TypeId;
 use std::collections::HashMap;
@@ -12,27 +19,44 @@ use async_graphql::extensions::{
     NextSubscribe, NextValidation,
 };
 use async_graphql::parser::types::{ExecutableDocument, OperationType};
-use async_graphql::{
-    ErrorExtensions, Request, Response, ServerError, ServerResult, ValidationResult,
-};
+use async_graphql::{Request, Response, ServerError, ServerResult, ValidationResult};
 use futures_util::StreamExt as _;
 use futures_util::stream::BoxStream;
 use metrics::{Counter, Histogram};
-use pulse_edge::media::HttpMethod;
-use pulse_edge::persisted::{DocumentStore, PersistedDocuments};
 
-use super::guard;
-use super::order::{self, SchemaTypes};
-use super::validated::{Validation, ValidationTally};
-use crate::error::{AppError, shorten_message};
+use crate::guard;
+use crate::media::{HttpMethod, METHOD_NOT_ALLOWED};
+use crate::order::{self, SchemaTypes};
+use crate::persisted::{DocumentStore, PersistedDocuments};
+use crate::validated::{Validation, ValidationTally};
 
-/// The code of errors async-graphql raised on a request of the client's.
+/// The code of errors async-graphql raised on a request of the client's, and of the client's
+/// mistakes this pipeline refuses.
 const CLIENT_QUERY_ERROR: &str = "BAD_USER_INPUT";
+/// The code of a subscription sent over HTTP.
+const WEBSOCKET_REQUIRED: &str = "WEBSOCKET_REQUIRED";
+
+/// Longest error message sent to a client. Messages that echo client text (an operation or fragment
+/// name, a value) are cut here, so a request cannot have its own bulk sent back.
+pub const MAX_MESSAGE_BYTES: usize = 512;
+
+/// Cuts `message` to at most [`MAX_MESSAGE_BYTES`] (on a character boundary), marking the cut.
+pub fn shorten_message(message: &mut String) {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return;
+    }
+    let mut cut = MAX_MESSAGE_BYTES - '…'.len_utf8();
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    message.truncate(cut);
+    message.push('…');
+}
 
 /// Errors sent per response; one more error says how many were left out.
 const MAX_ERRORS: usize = 20;
 
-/// Errors raised by our resolvers carry a code already. Those without one come from async-graphql
+/// Errors raised by the schema's resolvers carry a code already. Those without one come from async-graphql
 /// itself: a document that does not parse, does not validate, is too deep or too complex, or names
 /// an operation it does not contain. All of those are the client's to fix.
 ///
@@ -176,7 +200,7 @@ const MAX_CACHED_QUERY_BYTES: usize = 8 * 1024;
 /// of the CPU of a `recordView` request; cloning a parsed document costs a fraction of that. Neither
 /// check depends on the variables, so a cached document, which passed both, is not checked again.
 /// async-graphql's own checks still run on every request, and its validation wherever the
-/// variables could change its verdict (see [`super::validated`]).
+/// variables could change its verdict (see [`crate::validated`]).
 #[derive(Clone)]
 pub struct DocumentGuard {
     /// Nodes the operations of one document may select once spreads are expanded.
@@ -259,23 +283,25 @@ fn in_selection_order(
 
 /// A document refused as a whole: no position in it is to blame.
 fn refused(refusal: guard::Refusal) -> ServerError {
-    whole_request(AppError::BadUserInput {
-        message: refusal.to_string(),
-        field: None,
-    })
+    whole_request(refusal.to_string(), CLIENT_QUERY_ERROR)
 }
 
-/// An error of the request as a whole, with no position to blame: its code, and for failures of
-/// ours only a generic message (the detail is logged).
-fn whole_request(error: AppError) -> ServerError {
-    let error = error.extend();
-    let mut server_error = ServerError::new(error.message, None);
-    server_error.extensions = error.extensions;
-    server_error
+/// An error of the request as a whole, with no position to blame, and its code.
+fn whole_request(message: impl Into<String>, code: &str) -> ServerError {
+    let mut error = ServerError::new(message, None);
+    error
+        .extensions
+        .get_or_insert_with(Default::default)
+        .set("code", code);
+    error
 }
 
 /// A mutation over GET, or a subscription over HTTP at all: the transport cannot carry it.
-fn check_transport(request: &Request, document: &ExecutableDocument) -> ServerResult<()> {
+fn check_transport(
+    request: &Request,
+    document: &ExecutableDocument,
+    websocket_url: &str,
+) -> ServerResult<()> {
     let method = request
         .data
         .get(&TypeId::of::<HttpMethod>())
@@ -287,8 +313,16 @@ fn check_transport(request: &Request, document: &ExecutableDocument) -> ServerRe
         return Ok(());
     };
     match (method, operation.node.ty) {
-        (_, OperationType::Subscription) => Err(whole_request(AppError::SubscriptionOverHttp)),
-        (HttpMethod::Get, OperationType::Mutation) => Err(whole_request(AppError::MutationOverGet)),
+        (_, OperationType::Subscription) => Err(whole_request(
+            format!(
+                "subscriptions are served over a websocket at {websocket_url} (subprotocol graphql-transport-ws or graphql-ws), not over HTTP"
+            ),
+            WEBSOCKET_REQUIRED,
+        )),
+        (HttpMethod::Get, OperationType::Mutation) => Err(whole_request(
+            "a mutation cannot be sent with GET; send it with POST",
+            METHOD_NOT_ALLOWED,
+        )),
         _ => Ok(()),
     }
 }
@@ -313,13 +347,13 @@ fn unprovided_variable(document: &ExecutableDocument, request: &Request) -> Opti
                 Some(async_graphql::Value::Null) => "must not be null",
                 Some(_) => return None,
             };
-            let mut error = whole_request(AppError::BadUserInput {
-                message: format!(
+            let mut error = whole_request(
+                format!(
                     "Variable \"${}\" of required type \"{}\" {message}.",
                     variable.name.node, variable.var_type.node
                 ),
-                field: None,
-            });
+                CLIENT_QUERY_ERROR,
+            );
             error.locations = vec![definition.pos];
             Some(error)
         })
@@ -362,10 +396,7 @@ impl QueryLimitsCheck {
     fn check(&self, measured: ValidationResult) -> Result<ValidationResult, Vec<ServerError>> {
         let over = |what: &str, found: usize, limit: usize| {
             let message = format!("query {what} {found} exceeds the limit of {limit}");
-            vec![whole_request(AppError::BadUserInput {
-                message,
-                field: None,
-            })]
+            vec![whole_request(message, CLIENT_QUERY_ERROR)]
         };
         if measured.depth > self.max_depth {
             return Err(over("depth", measured.depth, self.max_depth));
@@ -390,6 +421,8 @@ pub struct RequestPipeline {
     pub metrics: OperationMetrics,
     pub documents: Arc<dyn DocumentStore>,
     pub guard: DocumentGuard,
+    /// Where the server serves subscriptions, named in the refusal of one sent over HTTP.
+    pub websocket_url: String,
 }
 
 impl ExtensionFactory for RequestPipeline {
@@ -405,6 +438,7 @@ impl ExtensionFactory for RequestPipeline {
             executed: Arc::default(),
             reusable_validation: Mutex::new(None),
             unprovided: Mutex::new(None),
+            websocket_url: self.websocket_url.clone(),
         })
     }
 }
@@ -421,6 +455,7 @@ struct RequestStages {
     reusable_validation: Mutex<Option<Arc<GuardedDocument>>>,
     /// A required variable the request did not provide, reported once the document validated.
     unprovided: Mutex<Option<ServerError>>,
+    websocket_url: String,
 }
 
 #[async_trait::async_trait]
@@ -455,7 +490,7 @@ impl Extension for RequestStages {
         let mut request = self.persisted.prepare(request).await?;
         let guarded = self.guard.document(&mut request)?;
         let document = guarded.document.clone();
-        check_transport(&request, &document)?;
+        check_transport(&request, &document, &self.websocket_url)?;
         *self.unprovided.lock().expect("variables lock poisoned") =
             unprovided_variable(&document, &request);
         if guarded
@@ -499,5 +534,25 @@ impl Extension for RequestStages {
     ) -> Response {
         self.metrics.executing(operation_name);
         next.run(ctx, operation_name).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_messages_are_left_alone() {
+        let mut message = "x".repeat(MAX_MESSAGE_BYTES);
+        shorten_message(&mut message);
+        assert_eq!(message, "x".repeat(MAX_MESSAGE_BYTES));
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let mut message = "é".repeat(MAX_MESSAGE_BYTES);
+        shorten_message(&mut message);
+        assert!(message.len() <= MAX_MESSAGE_BYTES, "{}", message.len());
+        assert!(message.ends_with("é…"), "{message}");
     }
 }
