@@ -539,7 +539,152 @@ impl Extension for RequestStages {
 
 #[cfg(test)]
 mod tests {
+    use async_graphql::futures_util::Stream;
+    use async_graphql::{Object, Schema, Subscription};
+
     use super::*;
+    use crate::persisted::PersistedMode;
+
+    struct Query;
+
+    #[Object]
+    impl Query {
+        async fn value(&self) -> i32 {
+            1
+        }
+
+        async fn nested(&self) -> Query {
+            Query
+        }
+    }
+
+    struct Mutation;
+
+    #[Object]
+    impl Mutation {
+        async fn set(&self) -> bool {
+            true
+        }
+    }
+
+    struct Subscription;
+
+    #[Subscription]
+    impl Subscription {
+        async fn ticks(&self) -> impl Stream<Item = i32> {
+            futures_util::stream::iter([1])
+        }
+    }
+
+    /// Persisted documents off: every request sends its document in full.
+    struct NoDocuments;
+
+    #[async_trait::async_trait]
+    impl DocumentStore for NoDocuments {
+        fn mode(&self) -> PersistedMode {
+            PersistedMode::Off
+        }
+
+        async fn registered(&self, _: &str) -> async_graphql::Result<Option<String>> {
+            Ok(None)
+        }
+
+        async fn register(&self, _: &str, _: &str) -> async_graphql::Result<()> {
+            Ok(())
+        }
+
+        async fn trusted(&self, _: &str) -> async_graphql::Result<Option<Arc<str>>> {
+            Ok(None)
+        }
+    }
+
+    type TinySchema = Schema<Query, Mutation, Subscription>;
+
+    fn schema() -> TinySchema {
+        let sdl = Schema::new(Query, Mutation, Subscription).sdl();
+        let types = Arc::new(SchemaTypes::from_sdl(&sdl).unwrap());
+        Schema::build(Query, Mutation, Subscription)
+            .extension(RequestPipeline {
+                limits: QueryLimitsCheck {
+                    max_depth: 4,
+                    max_complexity: 100,
+                },
+                metrics: OperationMetrics::default(),
+                documents: Arc::new(NoDocuments),
+                guard: DocumentGuard::new(100, types, Arc::default()),
+                websocket_url: "/somewhere/ws".to_owned(),
+            })
+            .finish()
+    }
+
+    fn code(error: &ServerError) -> String {
+        let code = error.extensions.as_ref().and_then(|ext| ext.get("code"));
+        code.map(ToString::to_string).unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn the_transport_a_request_came_by_decides_what_it_may_run() {
+        let schema = schema();
+        let over = |query: &str, method: HttpMethod| Request::new(query).data(method);
+
+        let refused = schema
+            .execute(over("mutation { set }", HttpMethod::Get))
+            .await;
+        assert_eq!(code(&refused.errors[0]), "\"METHOD_NOT_ALLOWED\"");
+        let refused = schema
+            .execute(over("subscription { ticks }", HttpMethod::Post))
+            .await;
+        assert_eq!(code(&refused.errors[0]), "\"WEBSOCKET_REQUIRED\"");
+        assert!(refused.errors[0].message.contains("/somewhere/ws"));
+
+        let posted = schema
+            .execute(over("mutation { set }", HttpMethod::Post))
+            .await;
+        assert!(posted.errors.is_empty(), "{:?}", posted.errors);
+        // Without a method the request came over a websocket, where a mutation runs too.
+        let socket = schema.execute(Request::new("mutation { set }")).await;
+        assert!(socket.errors.is_empty(), "{:?}", socket.errors);
+    }
+
+    #[tokio::test]
+    async fn errors_are_capped_and_each_carries_a_code() {
+        let unknown = (0..30).map(|n| format!("f{n}")).collect::<Vec<_>>();
+        let response = schema()
+            .execute(format!("{{ {} }}", unknown.join(" ")))
+            .await;
+        assert_eq!(response.errors.len(), MAX_ERRORS + 1);
+        assert!(
+            response
+                .errors
+                .iter()
+                .all(|error| code(error) == "\"BAD_USER_INPUT\"")
+        );
+        let last = &response.errors[MAX_ERRORS];
+        assert_eq!(last.message, "10 more errors omitted");
+    }
+
+    #[tokio::test]
+    async fn a_query_past_the_depth_limit_is_refused_naming_both() {
+        let response = schema()
+            .execute("{ nested { nested { nested { nested { value } } } } }")
+            .await;
+        let error = &response.errors[0];
+        assert_eq!(error.message, "query depth 5 exceeds the limit of 4");
+        assert_eq!(code(error), "\"BAD_USER_INPUT\"");
+        let response = schema().execute("{ nested { nested { value } } }").await;
+        assert!(response.errors.is_empty(), "{:?}", response.errors);
+    }
+
+    #[tokio::test]
+    async fn a_required_variable_left_out_is_refused_by_name() {
+        let request = Request::new("query ($shown: Boolean!) { value @include(if: $shown) }");
+        let response = schema().execute(request).await;
+        assert_eq!(response.errors.len(), 1, "{:?}", response.errors);
+        assert_eq!(
+            response.errors[0].message,
+            "Variable \"$shown\" of required type \"Boolean!\" was not provided."
+        );
+    }
 
     #[test]
     fn short_messages_are_left_alone() {
