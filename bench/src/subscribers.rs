@@ -993,7 +993,9 @@ async fn snapshot_reads(http: &reqwest::Client, server: &Server) -> anyhow::Resu
     Ok(text
         .lines()
         .filter(|line| {
-            line.starts_with("pulse_realtime_snapshot_reads_total{")
+            // The name before issue 22 too, so a server built before it can be compared.
+            (line.starts_with("pulse_live_snapshot_reads_total{")
+                || line.starts_with("pulse_realtime_snapshot_reads_total{"))
                 && line.contains("kind=\"leaderboard\"")
         })
         .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())

@@ -1,7 +1,6 @@
 //! Live feed items: `feedItemAdded` across processes, only online users announced to, and
 //! publishes made while Redis was down reaching inboxes and subscribers exactly once after.
 
-use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -9,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::crash::free_port;
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
-use crate::helpers::{TestApp, article_row, eventually, test_config};
+use crate::helpers::{OwnRedis, TestApp, article_row, eventually, test_config};
 use crate::subscriptions::{Socket, connect, next_message, send};
 use pulse::keys::FeedKeys;
 
@@ -106,64 +105,6 @@ async fn a_subscriber_on_one_process_gets_what_an_author_publishes_through_anoth
         1,
         "an offline follower was announced to"
     );
-}
-
-/// A `redis-server` of the test's own, stopped and started again on the same port and data.
-struct OwnRedis {
-    port: u16,
-    child: Option<tokio::process::Child>,
-}
-
-impl OwnRedis {
-    async fn start(port: u16, dir: std::path::PathBuf) -> Self {
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = tokio::process::Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--dir")
-            .arg(&dir)
-            .args([
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("redis-server is installed on test machines");
-        let url = format!("redis://127.0.0.1:{port}");
-        eventually("the test's redis-server answers", async || {
-            let Ok(client) = redis::Client::open(url.as_str()) else {
-                return false;
-            };
-            match client.get_multiplexed_async_connection().await {
-                Ok(mut conn) => redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .is_ok(),
-                Err(_) => false,
-            }
-        })
-        .await;
-        Self {
-            port,
-            child: Some(child),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Shuts the server down with its data saved.
-    async fn stop(&mut self) {
-        let client = redis::Client::open(self.url()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut conn).await;
-        self.child.take().unwrap().wait().await.unwrap();
-    }
 }
 
 #[tokio::test]

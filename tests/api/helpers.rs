@@ -88,6 +88,64 @@ pub async fn app_on_a_private_redis() -> (TestApp, pulse::redis::embedded::Priva
     (app, private)
 }
 
+/// A `redis-server` of the test's own, stopped and started again on the same port and data.
+pub struct OwnRedis {
+    port: u16,
+    child: Option<tokio::process::Child>,
+}
+
+impl OwnRedis {
+    pub async fn start(port: u16, dir: std::path::PathBuf) -> Self {
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--dir")
+            .arg(&dir)
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server is installed on test machines");
+        let url = format!("redis://127.0.0.1:{port}");
+        eventually("the test's redis-server answers", async || {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return false;
+            };
+            match client.get_multiplexed_async_connection().await {
+                Ok(mut conn) => redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+        Self {
+            port,
+            child: Some(child),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Shuts the server down with its data saved.
+    pub async fn stop(&mut self) {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut conn).await;
+        self.child.take().unwrap().wait().await.unwrap();
+    }
+}
+
 /// A new PostgreSQL or MariaDB database name. `scripts/test-all.sh` sets PULSE_TEST_RUN and drops
 /// this run's `pulse_t_<run>_*` databases after each backend.
 pub fn database_name() -> String {

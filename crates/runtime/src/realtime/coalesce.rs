@@ -1,14 +1,20 @@
 //! Coalesced live snapshots: however many local subscribers watch a key and however many changes
-//! are announced for it, a process reads the key's snapshot at most once per tick.
+//! are announced for it, a process reads the key's snapshot at most twice per tick (a storm's first
+//! change at once, the rest at the tick's end).
 //!
 //! For each key `K` with local subscribers, a process runs one watcher. The watcher listens to the
-//! key's pub/sub channel through the [`Hub`] (one Redis subscription per channel per process); a
-//! message there only marks the key dirty. On each tick a dirty watcher makes exactly one read (the
-//! `read` closure given at construction) and hands the snapshot to its subscribers if its value
-//! differs from the last one handed out, so a change nobody can see sends nothing. A subscriber
-//! gets the last snapshot at once (or the first one as soon as it is read), then each new one;
-//! a slow subscriber skips to the latest rather than queueing stale ones. The watcher stops with
-//! its last subscriber.
+//! key's pub/sub channel through the [`Hub`] (one Redis subscription per channel per process) and
+//! reads the key (the `read` closure given at construction) once that subscription is live, so no
+//! change falls between its first read and the first announcement it hears; after a reconnect it
+//! reads again, since what was announced while the connection was down is gone. An announcement
+//! after a quiet tick is read at once (the leading edge: a lone vote reaches its dashboards within
+//! a round trip, not half a tick later on average); those that follow within the tick are read
+//! together at its end, so a storm of changes costs one read at its start and at most one per
+//! tick after, however many subscribers and changes. A read is handed to the subscribers only if
+//! its value differs from the last one handed out, so a change nobody can see sends nothing. A
+//! subscriber gets the last snapshot at once (or the first one as soon as it is read), then each
+//! new one; a slow subscriber skips to the latest rather than queueing stale ones. The watcher
+//! stops with its last subscriber.
 //!
 //! Each snapshot carries a version that its reader takes from the same atomic read as the value
 //! (e.g. a sequence that grows with every change), so versions compare across processes: a client
@@ -139,7 +145,7 @@ where
                 stop.clone(),
             );
             self.inner.tasks.spawn(task);
-            metrics::gauge!("pulse_realtime_watchers", "kind" => self.inner.kind).increment(1);
+            metrics::gauge!("pulse_live_watchers", "kind" => self.inner.kind).increment(1);
             Watcher {
                 latest,
                 subscribers: 0,
@@ -147,6 +153,7 @@ where
             }
         });
         watcher.subscribers += 1;
+        metrics::gauge!("pulse_live_subscribers", "kind" => self.inner.kind).increment(1);
         let snapshots = WatchStream::new(watcher.latest.subscribe());
         Coalesced {
             snapshots,
@@ -180,7 +187,8 @@ impl<K, T> Inner<K, T> {
     }
 }
 
-/// The watcher of one key: marks it dirty on announcements, reads it at most once per tick.
+/// The watcher of one key: reads it once its channel's subscription is live, then on
+/// announcements, leading edge first and at most once per tick after.
 async fn watch_key<K, T>(
     inner: Arc<Inner<K, T>>,
     key: K,
@@ -191,49 +199,80 @@ async fn watch_key<K, T>(
     T: PartialEq + Send + Sync + 'static,
 {
     let mut announcements = inner.hub.subscribe((inner.channel)(&key));
-    let mut ticker = tokio::time::interval(inner.tick);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first tick comes at once: the first read is made right away. The subscription may reach
-    // Redis only after that read, so one more read follows on the next tick.
-    let mut dirty = true;
-    let mut reads_before_settled: u8 = 2;
+    let mut confirmations = announcements.confirmations();
+    // Read once the subscription is live (at once if another watcher of the channel made it so),
+    // so that no change falls between the read and the first message heard; and again after
+    // each reconnect, since what was announced meanwhile is gone.
+    let mut catch_up = *confirmations.borrow_and_update() > 0;
+    let mut announced = false;
+    // An announcement after a quiet tick is read at once; the ones that follow within the tick
+    // wait for its end, so a storm costs one read at its start and one per tick after.
+    let mut next_announced_read = Instant::now();
     let mut refresh_at: Option<Instant> = None;
     loop {
+        let due = if catch_up {
+            Some(Instant::now())
+        } else if announced {
+            Some(next_announced_read)
+        } else {
+            refresh_at
+        };
         tokio::select! {
             _ = stop.cancelled() => break,
             announcement = announcements.next() => match announcement {
-                Some(_) => dirty = true,
+                Some(_) => {
+                    if announced || catch_up {
+                        metrics::counter!("pulse_live_announcements_coalesced_total", "kind" => inner.kind).increment(1);
+                    }
+                    announced = true;
+                }
                 None => break,
             },
-            _ = ticker.tick() => {
-                let stale = refresh_at.is_some_and(|at| Instant::now() >= at);
-                if !(dirty || stale || reads_before_settled > 0) {
-                    continue;
+            confirmed = confirmations.changed() => match confirmed {
+                Ok(()) => catch_up = true,
+                Err(_) => break,
+            },
+            _ = sleep_until_due(due) => {
+                let throttled = !catch_up;
+                catch_up = false;
+                announced = false;
+                if throttled {
+                    next_announced_read = Instant::now() + inner.tick;
                 }
-                dirty = false;
-                reads_before_settled = reads_before_settled.saturating_sub(1);
                 inner.reads.fetch_add(1, Ordering::SeqCst);
-                metrics::counter!("pulse_realtime_snapshot_reads_total", "kind" => inner.kind).increment(1);
+                metrics::counter!("pulse_live_snapshot_reads_total", "kind" => inner.kind).increment(1);
                 match (inner.read)(key.clone()).await {
                     Ok(snapshot) => {
                         refresh_at = snapshot.refresh_at;
-                        latest.send_if_modified(|current| {
+                        let changed = latest.send_if_modified(|current| {
                             let changed = current.as_ref().is_none_or(|shown| shown.value != snapshot.value);
                             if changed {
                                 *current = Some(Arc::new(snapshot));
                             }
                             changed
                         });
+                        if !changed {
+                            metrics::counter!("pulse_live_snapshots_unchanged_total", "kind" => inner.kind).increment(1);
+                        }
                     }
                     Err(err) => {
-                        dirty = true;
+                        announced = true;
+                        next_announced_read = Instant::now() + inner.tick;
                         tracing::warn!(kind = inner.kind, key = ?key, error = %err, "cannot read a live snapshot; retrying next tick");
                     }
                 }
             }
         }
     }
-    metrics::gauge!("pulse_realtime_watchers", "kind" => inner.kind).decrement(1);
+    metrics::gauge!("pulse_live_watchers", "kind" => inner.kind).decrement(1);
+}
+
+/// Waits until `due`, or forever without one.
+async fn sleep_until_due(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A subscriber's stream of snapshots. Dropping it lets the watcher stop once no one else watches.
@@ -280,6 +319,7 @@ impl<K: Eq + Hash, T> Drop for Membership<K, T> {
             return;
         };
         watcher.subscribers -= 1;
+        metrics::gauge!("pulse_live_subscribers", "kind" => self.inner.kind).decrement(1);
         if watcher.subscribers == 0
             && let Some(watcher) = watchers.remove(&self.key)
         {

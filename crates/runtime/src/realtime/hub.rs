@@ -5,15 +5,19 @@
 //! subscribers through a tokio broadcast channel. When the connection drops, it is re-established
 //! with backoff (to the next node, on a cluster) and every channel still wanted is subscribed
 //! again.
+//!
+//! Each channel counts the times Redis confirmed its subscription (its generation): a subscriber
+//! that keeps state derived from Redis (a coalescing watcher) reads it again after each
+//! confirmation, since whatever was published while the connection was down is gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +42,8 @@ struct Inner {
 struct ChannelState {
     sender: broadcast::Sender<Payload>,
     subscribers: usize,
+    /// Bumped each time Redis confirms the channel's subscription (first, and after a reconnect).
+    confirmed: watch::Sender<u64>,
 }
 
 enum Command {
@@ -82,14 +88,18 @@ impl Hub {
     /// Messages published on `channel` from now on, until the returned stream is dropped.
     pub fn subscribe(&self, channel: String) -> HubSubscription {
         let mut channels = self.inner.channels.lock().expect("hub lock poisoned");
-        let state = channels
-            .entry(channel.clone())
-            .or_insert_with(|| ChannelState {
+        let state = channels.entry(channel.clone()).or_insert_with(|| {
+            metrics::gauge!("pulse_live_channels").increment(1);
+            ChannelState {
                 sender: broadcast::channel(SUBSCRIBER_BUFFER).0,
                 subscribers: 0,
-            });
+                confirmed: watch::channel(0).0,
+            }
+        });
         state.subscribers += 1;
+        metrics::gauge!("pulse_live_hub_subscriptions").increment(1);
         let receiver = state.sender.subscribe();
+        let confirmations = state.confirmed.subscribe();
         if state.subscribers == 1 {
             // Sent under the lock, so the connection task sees subscribe/unsubscribe in the order the
             // reference counts changed.
@@ -100,6 +110,7 @@ impl Hub {
         }
         HubSubscription {
             messages: BroadcastStream::new(receiver),
+            confirmations,
             _membership: Membership {
                 inner: self.inner.clone(),
                 channel,
@@ -117,7 +128,17 @@ impl Hub {
 /// A stream of one channel's payloads. Dropping it releases the channel.
 pub struct HubSubscription {
     messages: BroadcastStream<Payload>,
+    confirmations: watch::Receiver<u64>,
     _membership: Membership,
+}
+
+impl HubSubscription {
+    /// How many times Redis has confirmed the channel's subscription so far: 0 until the first
+    /// confirmation, then one more after each reconnect. Messages are heard only once it is
+    /// above 0, and those published between a loss and the next confirmation are never heard.
+    pub fn confirmations(&self) -> watch::Receiver<u64> {
+        self.confirmations.clone()
+    }
 }
 
 impl Stream for HubSubscription {
@@ -128,6 +149,7 @@ impl Stream for HubSubscription {
             match self.messages.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(payload))) => return Poll::Ready(Some(payload)),
                 Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(skipped)))) => {
+                    metrics::counter!("pulse_live_messages_skipped_total").increment(skipped);
                     tracing::warn!(
                         skipped,
                         "a realtime subscriber fell behind and skipped messages"
@@ -153,8 +175,10 @@ impl Drop for Membership {
             return;
         };
         state.subscribers -= 1;
+        metrics::gauge!("pulse_live_hub_subscriptions").decrement(1);
         if state.subscribers == 0 {
             channels.remove(&self.channel);
+            metrics::gauge!("pulse_live_channels").decrement(1);
             let _ = self
                 .inner
                 .commands
@@ -182,6 +206,7 @@ async fn run_connection(
                 match ended {
                     Ended::Shutdown => return,
                     Ended::ConnectionLost => {
+                        metrics::counter!("pulse_live_pubsub_reconnects_total").increment(1);
                         tracing::warn!("realtime pub/sub connection lost; reconnecting")
                     }
                 }
@@ -214,17 +239,33 @@ async fn serve_connection(
     }) else {
         return Ended::Shutdown;
     };
-    if !wanted.is_empty() && sink.subscribe(&wanted).await.is_err() {
-        return Ended::ConnectionLost;
+    if !wanted.is_empty() {
+        if sink.subscribe(&wanted).await.is_err() {
+            return Ended::ConnectionLost;
+        }
+        confirm(hub, &wanted);
     }
+    // Commands queued while the connection was down may name channels just subscribed above:
+    // subscribing twice would confirm twice, and each confirmation costs a watcher a read.
+    let mut subscribed: HashSet<String> = wanted.into_iter().collect();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ended::Shutdown,
             command = commands.recv() => {
                 let sent = match command {
                     None => return Ended::Shutdown,
-                    Some(Command::Subscribe(channel)) => sink.subscribe(channel).await,
-                    Some(Command::Unsubscribe(channel)) => sink.unsubscribe(channel).await,
+                    Some(Command::Subscribe(channel)) if !subscribed.contains(&channel) => {
+                        let sent = sink.subscribe(&channel).await;
+                        if sent.is_ok() {
+                            confirm(hub, std::slice::from_ref(&channel));
+                            subscribed.insert(channel);
+                        }
+                        sent
+                    }
+                    Some(Command::Unsubscribe(channel)) if subscribed.remove(&channel) => {
+                        sink.unsubscribe(channel).await
+                    }
+                    Some(_) => Ok(()),
                 };
                 if sent.is_err() {
                     return Ended::ConnectionLost;
@@ -232,12 +273,24 @@ async fn serve_connection(
             }
             message = messages.next() => {
                 let Some(message) = message else { return Ended::ConnectionLost };
+                metrics::counter!("pulse_live_messages_received_total").increment(1);
                 let Some(inner) = hub.upgrade() else { return Ended::Shutdown };
                 let channels = inner.channels.lock().expect("hub lock poisoned");
                 if let Some(state) = channels.get(message.get_channel_name()) {
                     let _ = state.sender.send(Payload::from(message.get_payload_bytes()));
                 }
             }
+        }
+    }
+}
+
+/// Tells the channels' subscribers that Redis confirmed their subscription.
+fn confirm(hub: &std::sync::Weak<Inner>, channels: &[String]) {
+    let Some(inner) = hub.upgrade() else { return };
+    let states = inner.channels.lock().expect("hub lock poisoned");
+    for channel in channels {
+        if let Some(state) = states.get(channel) {
+            state.confirmed.send_modify(|generation| *generation += 1);
         }
     }
 }
