@@ -13,6 +13,7 @@ use crate::articles::graphql::{ArticlesMutation, ArticlesQuery, ArticlesSubscrip
 use crate::feed::graphql::{FeedQuery, FeedSubscription};
 use crate::follows::graphql::FollowsMutation;
 use crate::likes::graphql::LikesMutation;
+use crate::search::graphql::SearchQueryRoot;
 use crate::services::Services;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
 use crate::votes::graphql::{VotesMutation, VotesQuery, VotesSubscription};
@@ -25,6 +26,7 @@ pub struct Query(
     ViewsQuery,
     VotesQuery,
     FeedQuery,
+    SearchQueryRoot,
 );
 
 #[derive(MergedObject, Default)]
