@@ -51,6 +51,9 @@ async fn through_services(
         Command::Rebuild {
             target: RebuildTarget::Feed,
         } => rebuild_feed(services).await,
+        Command::Rebuild {
+            target: RebuildTarget::Search,
+        } => rebuild_search(services).await,
         Command::Feed {
             action: FeedAction::Vacuum,
         } => vacuum_feed(services).await,
@@ -90,6 +93,15 @@ async fn rebuild_feed(services: &Services) -> anyhow::Result<()> {
         "reloaded {} feed outboxes from SQL and the audiences of {} readers; inboxes rebuild on \
          their next read",
         rebuilt.outboxes, rebuilt.readers
+    );
+    Ok(())
+}
+
+async fn rebuild_search(services: &Services) -> anyhow::Result<()> {
+    let epoch = services.search.request_rebuild().await?;
+    println!(
+        "search epoch is now {epoch}: every process's search replica rebuilds from SQL at its next \
+         poll (a stopped one when it starts); pulse_search_rebuilds_total counts them"
     );
     Ok(())
 }

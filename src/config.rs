@@ -103,6 +103,9 @@ pub enum RebuildTarget {
     Votes,
     /// Every cached feed outbox, reloaded from SQL (inboxes rebuild on their next read).
     Feed,
+    /// Every process's search replica, from SQL: raises the search epoch, which each replica
+    /// sees at its next poll (a stopped one at its start).
+    Search,
 }
 
 #[derive(Debug, Subcommand)]
@@ -371,6 +374,29 @@ pub struct Config {
     /// stream (published while Redis was unreachable).
     #[arg(long, global = true, env = "PULSE_FEED_RELAY_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub feed_relay_interval: Duration,
+
+    /// Directory of this process's search replica (an embedded Tantivy index, rebuilt from SQL
+    /// when missing). Each process needs its own. Unset: `search` in the data dir.
+    #[arg(long, global = true, env = "PULSE_SEARCH_DIR")]
+    pub search_dir: Option<PathBuf>,
+
+    /// How often a search replica polls the SQL outbox for changes when idle.
+    #[arg(long, global = true, env = "PULSE_SEARCH_POLL", default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub search_poll: Duration,
+
+    /// Most outbox rows a search replica applies in one commit.
+    #[arg(long, global = true, env = "PULSE_SEARCH_BATCH", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub search_batch: u64,
+
+    /// How long a search replica waits for an outbox id it stepped over (a transaction that
+    /// commits after a later one) before it gives up on it as rolled back.
+    #[arg(long, global = true, env = "PULSE_SEARCH_GAP_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub search_gap_window: Duration,
+
+    /// How long search outbox rows are kept; a replica that had not applied a pruned row
+    /// rebuilds from SQL.
+    #[arg(long, global = true, env = "PULSE_SEARCH_OUTBOX_RETENTION", default_value = "1d", value_parser = humantime::parse_duration)]
+    pub search_outbox_retention: Duration,
 }
 
 impl Config {
@@ -383,6 +409,12 @@ impl Config {
         <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
             .expect("the defaults parse")
             .config
+    }
+
+    pub fn search_dir(&self) -> PathBuf {
+        self.search_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("search"))
     }
 
     pub fn database_url(&self) -> String {

@@ -18,6 +18,7 @@ pub mod keys;
 pub mod likes;
 pub mod ownership;
 pub mod scripts;
+pub mod search;
 pub mod seed_demo;
 pub mod services;
 pub mod telemetry;

@@ -36,6 +36,9 @@ use crate::likes::graphql::{Comment, LikesMutation, load_comment};
 use crate::likes::{CommentService, LikeArchiver, LikeService};
 use crate::realtime::Hub;
 use crate::redis::Redis;
+use crate::search::SearchService;
+use crate::search::graphql::SearchQueryRoot;
+use crate::search::indexer::IndexerSettings;
 use crate::views::crawler::CrawlerDetector;
 use crate::views::graphql::{ViewsMutation, ViewsQuery};
 use crate::views::{ViewFlusher, ViewService};
@@ -54,6 +57,7 @@ pub struct Query(
     ViewsQuery,
     VotesQuery,
     FeedQuery,
+    SearchQueryRoot,
 );
 
 #[derive(MergedObject, Default)]
@@ -175,6 +179,7 @@ pub struct Services {
     pub follows: FollowService,
     pub feed: FeedService,
     pub documents: DocumentStore,
+    pub search: SearchService,
 }
 
 impl Services {
@@ -271,6 +276,16 @@ impl Services {
                 config.persisted_queries,
                 config.apq_ttl,
             ),
+            search: SearchService::new(
+                db.clone(),
+                config.search_dir(),
+                IndexerSettings {
+                    poll: config.search_poll,
+                    batch: config.search_batch,
+                    gap_window: config.search_gap_window,
+                    retention: config.search_outbox_retention,
+                },
+            ),
         })
     }
 
@@ -308,6 +323,7 @@ impl Services {
             .accounts
             .grant_configured_admins(&config.admins)
             .await;
+        services.search.start(workers.tasks, workers.shutdown);
         let shutdown = workers.shutdown.clone();
         workers.tasks.spawn(
             ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease)

@@ -386,4 +386,34 @@ pub const METRICS: &[Metric] = &[
         help: "Feed keys removed by `pulse feed vacuum` (of deleted users, or left by crashed rebuilds)",
         initial: NO_LABELS,
     },
+    Metric {
+        name: "pulse_search_lag_seconds",
+        kind: MetricKind::Gauge,
+        help: "Age of the oldest search outbox row this process's replica has not applied (0: caught up)",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_search_rows_applied_total",
+        kind: MetricKind::Counter,
+        help: "Search outbox rows applied to this process's replica",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_search_documents_written_total",
+        kind: MetricKind::Counter,
+        help: "Search documents written or removed (an article's rows of one batch are one write)",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_search_rebuilds_total",
+        kind: MetricKind::Counter,
+        help: "Rebuilds of this process's search replica from SQL (new, requested, or behind the pruning)",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_search_gaps_expired_total",
+        kind: MetricKind::Counter,
+        help: "Search outbox ids stepped over and never seen within the gap window (rolled back)",
+        initial: NO_LABELS,
+    },
 ];

@@ -12,6 +12,7 @@ mod m20261125_000007_polls_and_votes;
 mod m20261125_000010_follows_and_feed;
 mod m20261125_000013_trusted_documents;
 mod m20261127_000020_database_identity;
+mod m20261127_000030_search_outbox;
 
 pub struct Migrator;
 
@@ -29,6 +30,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261125_000010_follows_and_feed::Migration),
             Box::new(m20261125_000013_trusted_documents::Migration),
             Box::new(m20261127_000020_database_identity::Migration),
+            Box::new(m20261127_000030_search_outbox::Migration),
         ]
     }
 }

@@ -120,6 +120,7 @@ impl ArticleService {
         let txn = self.db.begin().await?;
         let article = insert_article(&txn, author_id, title, body).await?;
         let publication = crate::feed::publications::record(&txn, &article).await?;
+        crate::search::outbox::record(&txn, [article.id]).await?;
         txn.commit().await?;
         self.feed_relay.relay_now(&publication).await;
         self.announce(&article).await;
@@ -193,8 +194,15 @@ impl ArticleService {
         if let Some(body) = body {
             update = update.col_expr(articles::Column::Body, Expr::value(body));
         }
-        // Setting the same values twice leaves what setting them once does: safe to retry.
-        retry_once(|| update.clone().exec(&self.db)).await?;
+        // Setting the same values twice leaves what setting them once does, and a second search
+        // outbox row only makes the index read the article again: safe to retry.
+        retry_once(|| async {
+            let txn = self.db.begin().await?;
+            update.clone().exec(&txn).await?;
+            crate::search::outbox::record(&txn, [id]).await?;
+            txn.commit().await
+        })
+        .await?;
         self.get(id).await?.ok_or(AppError::NotFound("article"))
     }
 

@@ -13,6 +13,8 @@ pub mod likes;
 pub mod poll_options;
 pub mod poll_rules;
 pub mod polls;
+pub mod search_outbox;
+pub mod search_state;
 pub mod trusted_documents;
 pub mod users;
 pub mod view_flush_batches;

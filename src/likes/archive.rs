@@ -289,6 +289,11 @@ impl LikeArchiver {
                 .await?;
         }
         let featured_changed = articles_of_comments(&txn, &deltas).await?;
+        let liked_articles = deltas.iter().filter_map(|(subject, delta)| match subject {
+            Subject::Article(id) if *delta != 0 => Some(*id),
+            _ => None,
+        });
+        crate::search::outbox::record(&txn, liked_articles).await?;
         txn.commit().await?;
         Ok(Committed {
             counts,

@@ -348,6 +348,7 @@ impl ViewFlusher {
                 .await?;
         }
         let counts = self.view_counts(&txn, &ids).await?;
+        crate::search::outbox::record(&txn, ids.iter().copied()).await?;
         txn.commit().await?;
         Ok(Committed::Applied(counts))
     }

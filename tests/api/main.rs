@@ -26,6 +26,7 @@ mod persisted;
 mod private_redis;
 mod readme;
 mod rollback;
+mod search;
 mod sql_input;
 mod subscriptions;
 mod validated_documents;

@@ -1,0 +1,932 @@
+//! `searchArticles` and the search index as a projection of SQL: what queries find, sorts, filters
+//! and cursors, bad input, and the indexer's exactly-once position (out-of-order outbox ids, a
+//! crash between staging and commit, a restart, two replicas).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulse::entities::{articles, search_outbox};
+use pulse::search::index::{Applied, Change, DocumentStore, EmbeddedIndex};
+use pulse::search::indexer::{Indexer, IndexerSettings, document};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrait,
+};
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, article_row, error_code, eventually, unique_suffix};
+use crate::likes::LIKE;
+use crate::views::{BROWSER, app_behind_proxy, flusher, record};
+
+const SEARCH: &str = "query($q: String!, $first: Int, $after: String, $sort: ArticleSearchSort, $author: ID, $since: DateTime, $until: DateTime) {
+  searchArticles(query: $q, first: $first, after: $after, sort: $sort, authorId: $author, since: $since, until: $until) {
+    edges { cursor snippet highlightedTitle node { id title createdAt viewCount likeCount } }
+    pageInfo { hasNextPage endCursor }
+  }
+}";
+
+const PUBLISH: &str =
+    "mutation($t: String!, $b: String!) { publishArticle(input: { title: $t, body: $b }) { id } }";
+
+/// An app whose replica is stepped by the test alone after its start-up build.
+async fn app_stepped_by_hand() -> TestApp {
+    TestApp::spawn_with(|config| config.search_poll = Duration::from_secs(3600)).await
+}
+
+async fn publish(app: &TestApp, token: &str, title: &str, body: &str) -> String {
+    let response = app
+        .graphql_as(Some(token), PUBLISH, json!({ "t": title, "b": body }))
+        .await;
+    response["data"]["publishArticle"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("publish failed: {response}"))
+        .to_owned()
+}
+
+async fn search(app: &TestApp, variables: Value) -> Value {
+    let response = app.graphql(SEARCH, variables).await;
+    let connection = &response["data"]["searchArticles"];
+    assert!(connection.is_object(), "{response}");
+    connection.clone()
+}
+
+fn ids_of(connection: &Value) -> Vec<String> {
+    connection["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|edge| edge["node"]["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn found(app: &TestApp, query: &str) -> Vec<String> {
+    let mut ids = ids_of(&search(app, json!({ "q": query })).await);
+    ids.sort();
+    ids
+}
+
+fn one(id: &str) -> Vec<String> {
+    vec![id.to_owned()]
+}
+
+fn sorted(ids: &[&String]) -> Vec<String> {
+    let mut ids: Vec<String> = ids.iter().map(|id| (*id).clone()).collect();
+    ids.sort();
+    ids
+}
+
+/// Every article as its search document should be, by id.
+async fn sql_documents(app: &TestApp) -> Vec<pulse::search::index::ArticleDoc> {
+    articles::Entity::find()
+        .order_by_asc(articles::Column::Id)
+        .all(&app.state.db)
+        .await
+        .unwrap()
+        .iter()
+        .map(document)
+        .collect()
+}
+
+async fn index_documents(app: &TestApp) -> Vec<pulse::search::index::ArticleDoc> {
+    app.state.services.search.documents().await.unwrap()
+}
+
+/// Waits until this app's replica equals SQL field by field.
+async fn caught_up(app: &TestApp) {
+    eventually("the search index equals SQL", async || {
+        index_documents(app).await == sql_documents(app).await
+    })
+    .await;
+}
+
+fn indexer(app: &TestApp) -> Indexer {
+    app.state.services.search.indexer().unwrap()
+}
+
+async fn applied(indexer: &Indexer) -> Applied {
+    indexer
+        .applied()
+        .await
+        .unwrap()
+        .expect("the replica was built")
+}
+
+async fn last_outbox_id(app: &TestApp) -> i64 {
+    search_outbox::Entity::find()
+        .order_by_desc(search_outbox::Column::Id)
+        .one(&app.state.db)
+        .await
+        .unwrap()
+        .map_or(0, |row| row.id)
+}
+
+/// An outbox row with the id a transaction took but committed late.
+async fn insert_outbox_row(app: &TestApp, id: i64, article: i64) {
+    search_outbox::Entity::insert(search_outbox::ActiveModel {
+        id: Set(id),
+        article_id: Set(article),
+        created_at: Set(pulse::db::now()),
+    })
+    .exec_without_returning(&app.state.db)
+    .await
+    .unwrap();
+}
+
+async fn set_title_in_sql(app: &TestApp, article: i64, title: &str) {
+    articles::Entity::update_many()
+        .col_expr(
+            articles::Column::Title,
+            sea_orm::sea_query::Expr::value(title),
+        )
+        .filter(articles::Column::Id.eq(article))
+        .exec(&app.state.db)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn chinese_and_english_queries_find_what_they_should_and_nothing_else() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("writer").await;
+    let counting_zh = publish(
+        &app,
+        &token,
+        "高并发文章浏览量计数",
+        "用Redis缓存浏览量，定时刷新到数据库。",
+    )
+    .await;
+    let counting_en = publish(
+        &app,
+        &token,
+        "Counting views at scale",
+        "A flusher moves counters from Redis to SQL.",
+    )
+    .await;
+    let likes_zh = publish(&app, &token, "点赞系统设计", "点赞与取消点赞的原子操作。").await;
+    let boards = publish(
+        &app,
+        &token,
+        "Leaderboards on sorted sets",
+        "Votes, periods and ranks.",
+    )
+    .await;
+    caught_up(&app).await;
+
+    assert_eq!(found(&app, "浏览量").await, one(&counting_zh));
+    assert_eq!(found(&app, "计数").await, one(&counting_zh));
+    assert_eq!(found(&app, "数据库").await, one(&counting_zh));
+    assert_eq!(found(&app, "count").await, one(&counting_en));
+    assert_eq!(found(&app, "COUNTED").await, one(&counting_en));
+    assert_eq!(found(&app, "点赞").await, one(&likes_zh));
+    assert_eq!(found(&app, "sorted sets").await, one(&boards));
+    assert_eq!(found(&app, "\"sorted sets\"").await, one(&boards));
+    assert!(found(&app, "\"sets sorted\"").await.is_empty());
+    assert_eq!(
+        found(&app, "redis").await,
+        sorted(&[&counting_zh, &counting_en])
+    );
+    assert_eq!(found(&app, "redis 数据库").await, one(&counting_zh));
+    assert!(found(&app, "xyzzy").await.is_empty());
+    assert!(found(&app, "浏览量 leaderboards").await.is_empty());
+
+    let hit = search(&app, json!({ "q": "flusher" })).await;
+    let edge = &hit["edges"][0];
+    assert!(
+        edge["snippet"].as_str().unwrap().contains("<b>flusher</b>"),
+        "{hit}"
+    );
+    assert_eq!(edge["highlightedTitle"], "Counting views at scale");
+    let hit = search(&app, json!({ "q": "计数" })).await;
+    assert!(
+        hit["edges"][0]["highlightedTitle"]
+            .as_str()
+            .unwrap()
+            .contains("<b>计数</b>"),
+        "{hit}"
+    );
+}
+
+#[tokio::test]
+async fn every_sort_and_filter_orders_and_filters_the_hits() {
+    let app = app_behind_proxy().await;
+    let (alice, _) = app.sign_up("alice").await;
+    let (bob, bob_id) = app.sign_up("bob").await;
+    let a1 = publish(&app, &alice, "sortable one", "plain").await;
+    let a2 = publish(&app, &alice, "sortable two", "sortable sortable sortable").await;
+    let b1 = publish(&app, &bob, "sortable three", "plain").await;
+    // Stored times are whole seconds: the three get a day each, in publication order.
+    let txn = app.state.db.begin().await.unwrap();
+    for (day, article) in [(1, &a1), (2, &a2), (3, &b1)] {
+        let at = chrono::NaiveDate::from_ymd_opt(2026, 1, day)
+            .unwrap()
+            .and_hms_opt(0, 0, 0)
+            .unwrap();
+        articles::Entity::update_many()
+            .col_expr(
+                articles::Column::CreatedAt,
+                sea_orm::sea_query::Expr::value(at),
+            )
+            .filter(articles::Column::Id.eq(article_row(article)))
+            .exec(&txn)
+            .await
+            .unwrap();
+    }
+    let rows = [&a1, &a2, &b1].map(|article| article_row(article));
+    pulse::search::outbox::record(&txn, rows).await.unwrap();
+    txn.commit().await.unwrap();
+    for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+        record(&app, &b1, ip, BROWSER).await;
+    }
+    record(&app, &a2, "10.0.0.4", BROWSER).await;
+    flusher(&app).flush_all().await.unwrap();
+    for liker in ["carol", "dave"] {
+        let (token, _) = app.sign_up(liker).await;
+        app.graphql_as(Some(&token), LIKE, json!({ "s": a1 })).await;
+    }
+    let (erin, _) = app.sign_up("erin").await;
+    app.graphql_as(Some(&erin), LIKE, json!({ "s": b1 })).await;
+    eventually("the likes are archived and indexed", async || {
+        let docs = index_documents(&app).await;
+        docs.iter().map(|doc| doc.like_count).sum::<i64>() == 3
+            && docs.iter().map(|doc| doc.view_count).sum::<i64>() == 4
+    })
+    .await;
+    caught_up(&app).await;
+
+    let order =
+        async |sort: &str| ids_of(&search(&app, json!({ "q": "sortable", "sort": sort })).await);
+    assert_eq!(order("VIEWS").await, [b1.clone(), a2.clone(), a1.clone()]);
+    assert_eq!(order("LIKES").await, [a1.clone(), b1.clone(), a2.clone()]);
+    assert_eq!(order("NEWEST").await, [b1.clone(), a2.clone(), a1.clone()]);
+    assert_eq!(order("RELEVANCE").await[0], a2);
+
+    let by_bob = search(&app, json!({ "q": "sortable", "author": bob_id })).await;
+    assert_eq!(ids_of(&by_bob), one(&b1));
+    let newest = search(&app, json!({ "q": "sortable", "sort": "NEWEST" })).await;
+    let a2_created = "2026-01-02T00:00:00Z";
+    let since = search(
+        &app,
+        json!({ "q": "sortable", "sort": "NEWEST", "since": a2_created }),
+    )
+    .await;
+    assert_eq!(ids_of(&since), [b1.clone(), a2.clone()]);
+    let until = search(
+        &app,
+        json!({ "q": "sortable", "sort": "NEWEST", "until": a2_created }),
+    )
+    .await;
+    assert_eq!(ids_of(&until), [a2.clone(), a1.clone()]);
+    let counts = &newest["edges"][0]["node"];
+    assert_eq!(counts["viewCount"], 3, "live counts come with the hit");
+    assert_eq!(counts["likeCount"], 1);
+}
+
+#[tokio::test]
+async fn keyset_pages_never_repeat_or_skip_while_counts_change_between_pages() {
+    let app = app_behind_proxy().await;
+    let (token, _) = app.sign_up("pager").await;
+    let mut all = Vec::new();
+    for i in 0..7 {
+        all.push(publish(&app, &token, &format!("paged article {i}"), "paged").await);
+    }
+    caught_up(&app).await;
+    let page = |after: Option<String>| {
+        let app = app.clone();
+        async move {
+            search(
+                &app,
+                json!({ "q": "paged", "sort": "VIEWS", "first": 3, "after": after }),
+            )
+            .await
+        }
+    };
+    let first = page(None).await;
+    let mut seen = ids_of(&first);
+    // The article at the bottom of the walk jumps to the top before page 2 is read.
+    let last = ids_of(&search(&app, json!({ "q": "paged", "sort": "VIEWS", "first": 7 })).await)
+        .pop()
+        .unwrap();
+    assert!(!seen.contains(&last));
+    for ip in ["10.1.0.1", "10.1.0.2"] {
+        record(&app, &last, ip, BROWSER).await;
+    }
+    flusher(&app).flush_all().await.unwrap();
+    caught_up(&app).await;
+    let fresh = search(&app, json!({ "q": "paged", "sort": "VIEWS", "first": 1 })).await;
+    assert_eq!(ids_of(&fresh), one(&last), "a new walk sees the change");
+
+    let mut after = first["pageInfo"]["endCursor"].as_str().map(str::to_owned);
+    while let Some(cursor) = after {
+        let next = page(Some(cursor)).await;
+        seen.extend(ids_of(&next));
+        after = next["pageInfo"]["hasNextPage"]
+            .as_bool()
+            .unwrap()
+            .then(|| next["pageInfo"]["endCursor"].as_str().unwrap().to_owned());
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), seen.len(), "no article twice: {seen:?}");
+    all.sort();
+    assert_eq!(unique, all, "every article once");
+}
+
+#[tokio::test]
+async fn the_index_equals_sql_field_by_field_after_publish_edit_views_and_likes() {
+    let app = app_behind_proxy().await;
+    let (token, _) = app.sign_up("author").await;
+    let first = publish(&app, &token, "first draft", "body one").await;
+    let second = publish(&app, &token, "second", "body two").await;
+    let edited = app
+        .graphql_as(
+            Some(&token),
+            "mutation($id: ID!) { editArticle(id: $id, input: { title: \"final title\", body: \"new body\" }) { id } }",
+            json!({ "id": first }),
+        )
+        .await;
+    assert!(edited["data"]["editArticle"].is_object(), "{edited}");
+    record(&app, &second, "10.2.0.1", BROWSER).await;
+    flusher(&app).flush_all().await.unwrap();
+    let (fan, _) = app.sign_up("fan").await;
+    app.graphql_as(Some(&fan), LIKE, json!({ "s": second }))
+        .await;
+    eventually("the like is archived", async || {
+        app.stored_article(&second).await.like_count == 1
+    })
+    .await;
+    caught_up(&app).await;
+    let docs = index_documents(&app).await;
+    assert_eq!(docs[0].title, "final title");
+    assert_eq!((docs[1].view_count, docs[1].like_count), (1, 1));
+    assert_eq!(found(&app, "final").await, [first]);
+    assert!(found(&app, "draft").await.is_empty());
+}
+
+#[tokio::test]
+async fn an_outbox_row_committed_after_a_higher_one_is_still_applied() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("late").await;
+    let early = article_row(&publish(&app, &token, "early title", "x").await);
+    let other = article_row(&publish(&app, &token, "other", "y").await);
+    let indexer = indexer(&app);
+    indexer.step().await.unwrap();
+    caught_up(&app).await;
+    let last = last_outbox_id(&app).await;
+
+    // A transaction took id last+1 and has not committed; one that took last+2 has.
+    set_title_in_sql(&app, early, "late title").await;
+    insert_outbox_row(&app, last + 2, other).await;
+    let stepped = indexer.step().await.unwrap();
+    assert_eq!(stepped.rows, 1);
+    let position = applied(&indexer).await;
+    assert_eq!(position.through, last + 2);
+    assert_eq!(
+        position.gaps.iter().map(|gap| gap.id).collect::<Vec<_>>(),
+        [last + 1]
+    );
+    assert!(found(&app, "late").await.is_empty());
+
+    insert_outbox_row(&app, last + 1, early).await;
+    let stepped = indexer.step().await.unwrap();
+    assert_eq!((stepped.rows, stepped.documents), (1, 1));
+    assert!(applied(&indexer).await.gaps.is_empty());
+    assert_eq!(index_documents(&app).await, sql_documents(&app).await);
+    assert_eq!(
+        indexer.step().await.unwrap().rows,
+        0,
+        "nothing applied twice"
+    );
+}
+
+#[tokio::test]
+async fn a_transaction_that_commits_after_a_later_one_is_still_indexed() {
+    let app = TestApp::spawn().await;
+    // SQLite has one writer at a time: the second writer below would wait for the first, so its
+    // ids always commit in order (the explicit-id test above covers the logic there).
+    if app.state.db.get_database_backend() == sea_orm::DbBackend::Sqlite {
+        return;
+    }
+    let (token, _) = app.sign_up("slow").await;
+    let slow = publish(&app, &token, "slow original", "x").await;
+    let fast = publish(&app, &token, "fast original", "y").await;
+    caught_up(&app).await;
+    let txn = app.state.db.begin().await.unwrap();
+    articles::Entity::update_many()
+        .col_expr(
+            articles::Column::Title,
+            sea_orm::sea_query::Expr::value("slow committed"),
+        )
+        .filter(articles::Column::Id.eq(article_row(&slow)))
+        .exec(&txn)
+        .await
+        .unwrap();
+    pulse::search::outbox::record(&txn, [article_row(&slow)])
+        .await
+        .unwrap();
+    let edited = app
+        .graphql_as(
+            Some(&token),
+            "mutation($id: ID!) { editArticle(id: $id, input: { title: \"fast committed\" }) { id } }",
+            json!({ "id": fast }),
+        )
+        .await;
+    assert!(edited["data"]["editArticle"].is_object(), "{edited}");
+    eventually("the later transaction is indexed", async || {
+        found(&app, "fast committed").await == one(&fast)
+    })
+    .await;
+    let position = applied(&indexer(&app)).await;
+    assert!(
+        !position.gaps.is_empty(),
+        "the open transaction's id is watched"
+    );
+    assert_eq!(found(&app, "slow original").await, one(&slow));
+    txn.commit().await.unwrap();
+    caught_up(&app).await;
+    assert_eq!(found(&app, "slow committed").await, [slow]);
+    assert!(applied(&indexer(&app)).await.gaps.is_empty());
+}
+
+#[tokio::test]
+async fn the_lag_is_the_age_of_the_oldest_change_not_applied() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("lagging").await;
+    let article = article_row(&publish(&app, &token, "lagging", "x").await);
+    let indexer = indexer(&app);
+    indexer.step().await.unwrap();
+    assert_eq!(indexer.measure_lag().await.unwrap(), Duration::ZERO);
+    search_outbox::Entity::insert(search_outbox::ActiveModel {
+        article_id: Set(article),
+        created_at: Set(pulse::db::now() - chrono::TimeDelta::seconds(30)),
+        ..Default::default()
+    })
+    .exec_without_returning(&app.state.db)
+    .await
+    .unwrap();
+    assert!(indexer.measure_lag().await.unwrap() >= Duration::from_secs(30));
+    assert!(app.metrics().await.contains("pulse_search_lag_seconds "));
+    indexer.step().await.unwrap();
+    assert_eq!(indexer.measure_lag().await.unwrap(), Duration::ZERO);
+}
+
+#[tokio::test]
+async fn an_id_that_never_commits_is_given_up_after_the_gap_window() {
+    let app = TestApp::spawn_with(|config| {
+        config.search_poll = Duration::from_secs(3600);
+        config.search_gap_window = Duration::from_millis(300);
+    })
+    .await;
+    let (token, _) = app.sign_up("rolled").await;
+    let article = article_row(&publish(&app, &token, "kept", "x").await);
+    let indexer = indexer(&app);
+    indexer.step().await.unwrap();
+    let last = last_outbox_id(&app).await;
+    insert_outbox_row(&app, last + 2, article).await;
+    indexer.step().await.unwrap();
+    assert_eq!(applied(&indexer).await.gaps.len(), 1);
+    eventually("the rolled-back id is given up", async || {
+        indexer.step().await.unwrap();
+        applied(&indexer).await.gaps.is_empty()
+    })
+    .await;
+    assert_eq!(applied(&indexer).await.through, last + 2);
+}
+
+/// A store that stages and then dies before its commit, like a process killed at that moment.
+struct DiesBeforeCommit(EmbeddedIndex);
+
+#[async_trait::async_trait]
+impl DocumentStore for DiesBeforeCommit {
+    async fn applied(&self) -> anyhow::Result<Option<Applied>> {
+        self.0.applied().await
+    }
+    async fn clear(&self) -> anyhow::Result<()> {
+        self.0.clear().await
+    }
+    async fn stage(&self, changes: Vec<Change>) -> anyhow::Result<()> {
+        self.0.stage(changes).await
+    }
+    async fn commit(&self, _: &Applied) -> anyhow::Result<()> {
+        anyhow::bail!("killed before the commit")
+    }
+    async fn abandon(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_replica_killed_between_staging_and_commit_resumes_at_its_last_commit() {
+    let app = app_stepped_by_hand().await;
+    let dir = std::env::temp_dir().join(format!("pulse-search-crash-{}", unique_suffix()));
+    let settings = IndexerSettings {
+        poll: Duration::from_secs(3600),
+        batch: 1000,
+        gap_window: Duration::from_secs(60),
+        retention: Duration::from_secs(86_400),
+    };
+    let (token, _) = app.sign_up("crashy").await;
+    publish(&app, &token, "before the crash", "x").await;
+    let built = {
+        let index = EmbeddedIndex::open(&dir).unwrap();
+        let indexer = Indexer::new(app.state.db.clone(), Arc::new(index), settings);
+        assert!(indexer.step().await.unwrap().rebuilt);
+        applied(&indexer).await
+    };
+    for i in 0..3 {
+        publish(&app, &token, &format!("after the crash {i}"), "y").await;
+    }
+    {
+        let index = EmbeddedIndex::open(&dir).unwrap();
+        let dying = Indexer::new(
+            app.state.db.clone(),
+            Arc::new(DiesBeforeCommit(index)),
+            settings,
+        );
+        assert!(dying.step().await.is_err());
+    }
+    let index = EmbeddedIndex::open(&dir).unwrap();
+    let indexer = Indexer::new(app.state.db.clone(), Arc::new(index.clone()), settings);
+    assert_eq!(applied(&indexer).await, built, "the last commit's position");
+    assert_eq!(
+        index.all_documents().unwrap().len(),
+        1,
+        "nothing staged survived"
+    );
+    let resumed = indexer.step().await.unwrap();
+    assert_eq!((resumed.rows, resumed.rebuilt), (3, false));
+    assert_eq!(index.all_documents().unwrap(), sql_documents(&app).await);
+    assert_eq!(indexer.step().await.unwrap().rows, 0);
+}
+
+#[tokio::test]
+async fn a_restarted_server_applies_what_changed_while_it_was_down() {
+    let app = TestApp::spawn().await;
+    let config = app.config.clone();
+    let (token, _) = app.sign_up("restart").await;
+    let article = article_row(&publish(&app, &token, "before restart", "x").await);
+    caught_up(&app).await;
+    let db = app.state.db.clone();
+    app.stop().await.unwrap();
+    let txn = db.begin().await.unwrap();
+    articles::Entity::update_many()
+        .col_expr(
+            articles::Column::Title,
+            sea_orm::sea_query::Expr::value("after restart"),
+        )
+        .filter(articles::Column::Id.eq(article))
+        .exec(&txn)
+        .await
+        .unwrap();
+    pulse::search::outbox::record(&txn, [article])
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    let restarted = TestApp::start(config).await;
+    caught_up(&restarted).await;
+    assert_eq!(found(&restarted, "after").await.len(), 1);
+    assert!(found(&restarted, "before").await.is_empty());
+}
+
+#[tokio::test]
+async fn two_servers_serve_search_from_their_own_replicas_and_agree_after_a_change() {
+    let first = TestApp::spawn().await;
+    let mut config = first.config.clone();
+    config.data_dir = std::env::temp_dir().join(format!("pulse-test-{}", unique_suffix()));
+    let second = TestApp::start(config).await;
+    assert_ne!(first.config.search_dir(), second.config.search_dir());
+    let (token, _) = first.sign_up("twins").await;
+    let article = publish(&first, &token, "replicated words", "x").await;
+    for app in [&first, &second] {
+        eventually("each replica finds the article", async || {
+            found(app, "replicated").await == one(&article)
+        })
+        .await;
+    }
+    let edited = second
+        .graphql_as(
+            Some(&token),
+            "mutation($id: ID!) { editArticle(id: $id, input: { title: \"mirrored words\" }) { id } }",
+            json!({ "id": article }),
+        )
+        .await;
+    assert!(edited["data"]["editArticle"].is_object(), "{edited}");
+    for app in [&first, &second] {
+        caught_up(app).await;
+        assert_eq!(found(app, "mirrored").await, one(&article));
+        assert!(found(app, "replicated").await.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn rebuild_search_makes_every_replica_rebuild_from_sql() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("rebuilder").await;
+    publish(&app, &token, "rebuilt", "x").await;
+    let indexer = indexer(&app);
+    indexer.step().await.unwrap();
+    let before = applied(&indexer).await.epoch;
+    let epoch = app.state.services.search.request_rebuild().await.unwrap();
+    assert_eq!(epoch, before + 1);
+    let stepped = indexer.step().await.unwrap();
+    assert!(stepped.rebuilt);
+    assert_eq!(applied(&indexer).await.epoch, epoch);
+    assert_eq!(index_documents(&app).await, sql_documents(&app).await);
+}
+
+#[tokio::test]
+async fn bad_queries_get_a_clear_error_or_a_sensible_answer_never_a_server_error() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("fuzz").await;
+    publish(
+        &app,
+        &token,
+        "quoted \"words\" here",
+        "AND OR NOT title:body",
+    )
+    .await;
+    caught_up(&app).await;
+    let refused = [
+        json!({ "q": "x".repeat(10_000) }),
+        json!({ "q": "" }),
+        json!({ "q": "   \t " }),
+        json!({ "q": "words", "first": 1000 }),
+        json!({ "q": "words", "after": "not a cursor" }),
+        json!({ "q": "words", "since": "2026-01-02T00:00:00Z", "until": "2026-01-01T00:00:00Z" }),
+        json!({ "q": "words", "author": "bogus" }),
+        json!({ "q": "\u{0}" }),
+    ];
+    for variables in refused {
+        let response = app.graphql(SEARCH, variables.clone()).await;
+        assert_eq!(error_code(&response), "BAD_USER_INPUT", "{variables}");
+    }
+    let answered = [
+        ("\"words here", 1),
+        ("words\"", 1),
+        ("title:body AND NOT", 1),
+        ("+words -here ~ ^2 * ? [a TO b] {c} (d) \\ /", 0),
+        ("words\u{0}here", 1),
+        ("!!! ???", 0),
+        ("🙂 words", 1),
+    ];
+    for (query, hits) in answered {
+        let connection = search(&app, json!({ "q": query })).await;
+        assert_eq!(ids_of(&connection).len(), hits, "{query:?}: {connection}");
+    }
+    let relevance = search(&app, json!({ "q": "words", "first": 1 })).await;
+    let cursor = relevance["edges"][0]["cursor"].as_str().unwrap();
+    let response = app
+        .graphql(
+            SEARCH,
+            json!({ "q": "words", "sort": "VIEWS", "after": cursor }),
+        )
+        .await;
+    assert_eq!(
+        error_code(&response),
+        "BAD_USER_INPUT",
+        "another sort's cursor"
+    );
+    let lone_surrogate = format!(
+        r#"{{"query": {}, "variables": {{"q": "\ud800 words"}}}}"#,
+        serde_json::to_string(SEARCH).unwrap()
+    );
+    let (status, body) = app.post_raw(lone_surrogate, None).await;
+    assert!(status < 500, "{status} {body}");
+}
+
+/// One GraphQL call to a server process; `None` once the process is gone.
+async fn call(
+    http: &reqwest::Client,
+    port: u16,
+    token: Option<&str>,
+    client_ip: &str,
+    query: &str,
+    variables: Value,
+) -> Option<Value> {
+    let mut request = http
+        .post(format!("http://127.0.0.1:{port}/graphql"))
+        .header("x-forwarded-for", client_ip)
+        .json(&json!({ "query": query, "variables": variables }));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.ok()?.json().await.ok()
+}
+
+async fn sign_up_at(http: &reqwest::Client, port: u16, handle: &str) -> String {
+    let response = call(
+        http,
+        port,
+        None,
+        "127.0.0.1",
+        "mutation($h: String!, $p: String!) { signUp(handle: $h, password: $p) { token } }",
+        json!({ "h": handle, "p": crate::helpers::PASSWORD }),
+    )
+    .await
+    .unwrap();
+    response["data"]["signUp"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{response}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_server_killed_during_a_load_leaves_a_replica_that_resumes_to_equal_sql() {
+    use crate::crash::{free_port, spawn_server_process};
+    let config = crate::helpers::test_config(|_| {}).await;
+    let port = free_port();
+    let mut server = spawn_server_process(
+        &config,
+        port,
+        &[("PULSE_SEARCH_POLL", "10ms"), ("PULSE_SEARCH_BATCH", "50")],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let mut authors = Vec::new();
+    let mut articles_by_author = Vec::new();
+    for a in 0..4 {
+        let token = sign_up_at(&http, port, &format!("author{a}")).await;
+        let mut own = Vec::new();
+        for i in 0..5 {
+            let response = call(
+                &http,
+                port,
+                Some(&token),
+                "127.0.0.1",
+                PUBLISH,
+                json!({ "t": format!("loaded {a} {i}"), "b": "载入 load" }),
+            )
+            .await
+            .unwrap();
+            own.push(
+                response["data"]["publishArticle"]["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        authors.push(token);
+        articles_by_author.push(own);
+    }
+    let mut readers = Vec::new();
+    for r in 0..10 {
+        readers.push(sign_up_at(&http, port, &format!("reader{r}")).await);
+    }
+    let all: Vec<String> = articles_by_author.concat();
+    let (authors, readers, all, owned) = (
+        Arc::new(authors),
+        Arc::new(readers),
+        Arc::new(all),
+        Arc::new(articles_by_author),
+    );
+    // Two hundred clients view, edit, like and unlike until the server is gone.
+    let clients: Vec<_> = (0..200usize)
+        .map(|client| {
+            let (http, authors, readers, all, owned) = (
+                http.clone(),
+                authors.clone(),
+                readers.clone(),
+                all.clone(),
+                owned.clone(),
+            );
+            tokio::spawn(async move {
+                for step in 0..2_000usize {
+                    let article = &all[(client + step) % all.len()];
+                    let ip = format!("10.{}.{}.{}", client % 250, step / 250, step % 250);
+                    let done = match step % 4 {
+                        0 | 1 => call(
+                            &http,
+                            port,
+                            None,
+                            &ip,
+                            "mutation($a: ID!) { recordView(articleId: $a) { counted } }",
+                            json!({ "a": article }),
+                        )
+                        .await,
+                        2 => {
+                            let author = client % authors.len();
+                            call(
+                                &http,
+                                port,
+                                Some(&authors[author]),
+                                &ip,
+                                "mutation($id: ID!, $t: String!) { editArticle(id: $id, input: { title: $t }) { id } }",
+                                json!({
+                                    "id": owned[author][step % owned[author].len()],
+                                    "t": format!("edited {client} {step} 编辑"),
+                                }),
+                            )
+                            .await
+                        }
+                        _ => {
+                            let mutation = if step % 8 == 3 { "like" } else { "unlike" };
+                            call(
+                                &http,
+                                port,
+                                Some(&readers[client % readers.len()]),
+                                &ip,
+                                &format!("mutation($s: ID!) {{ {mutation}(subjectId: $s) {{ liked }} }}"),
+                                json!({ "s": article }),
+                            )
+                            .await
+                        }
+                    };
+                    if done.is_none() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    let db = pulse::db::connect(&config.database_url(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    eventually(
+        "the replica has applied a hundred rows of the load",
+        async || {
+            let metrics = http
+                .get(format!("http://127.0.0.1:{port}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let applied = metrics
+                .lines()
+                .find_map(|line| line.strip_prefix("pulse_search_rows_applied_total "))
+                .and_then(|value| value.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            applied >= 120.0
+        },
+    )
+    .await;
+    server.kill().await.unwrap();
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    let settings = IndexerSettings {
+        poll: Duration::from_secs(3600),
+        batch: 1000,
+        gap_window: Duration::from_secs(60),
+        retention: Duration::from_secs(86_400),
+    };
+    let index = EmbeddedIndex::open(&config.search_dir()).unwrap();
+    let indexer = Indexer::new(db.clone(), Arc::new(index.clone()), settings);
+    let at_kill = applied(&indexer).await;
+    let last = search_outbox::Entity::find()
+        .order_by_desc(search_outbox::Column::Id)
+        .one(&db)
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    assert!(
+        at_kill.through < last,
+        "the kill left outbox rows to apply ({} of {last})",
+        at_kill.through
+    );
+    let mut resumed = 0;
+    loop {
+        let stepped = indexer.step().await.unwrap();
+        assert!(!stepped.rebuilt, "the replica resumes, it is not rebuilt");
+        if stepped.rows == 0 {
+            break;
+        }
+        resumed += stepped.rows;
+    }
+    assert!(resumed > 0);
+    let sql: Vec<_> = articles::Entity::find()
+        .order_by_asc(articles::Column::Id)
+        .all(&db)
+        .await
+        .unwrap()
+        .iter()
+        .map(document)
+        .collect();
+    assert_eq!(sql.len(), 20);
+    assert_eq!(index.all_documents().unwrap(), sql);
+    assert!(
+        sql.iter().map(|doc| doc.view_count).sum::<i64>() > 0,
+        "views were flushed"
+    );
+
+    let rebuild = crate::helpers::pulse_command()
+        .args(["rebuild", "search"])
+        .env("DATABASE_URL", config.database_url())
+        .env("REDIS_URL", config.redis_url.as_deref().unwrap())
+        .env(
+            "PULSE_REDIS_PREFIX",
+            config.redis_prefix.as_deref().unwrap(),
+        )
+        .env("PULSE_DATA_DIR", &config.data_dir)
+        .output()
+        .await
+        .unwrap();
+    assert!(rebuild.status.success(), "{rebuild:?}");
+    assert!(
+        indexer.step().await.unwrap().rebuilt,
+        "pulse rebuild search reaches the replica"
+    );
+    assert_eq!(index.all_documents().unwrap(), sql);
+}
