@@ -27,11 +27,11 @@ pub const WEBSOCKET_PATH: &str = "/graphql/ws";
 
 pub fn router(state: AppState, cors: CorsLayer) -> Router {
     let max_body_bytes = state.max_body_bytes;
+    let state = Arc::new(state);
     Router::new()
         .route("/", get(assets::app))
         .route("/assets/{*path}", get(assets::asset))
-        .route("/graphql", get(graphql::get).post(graphql::post))
-        .route(WEBSOCKET_PATH, get(graphql::websocket))
+        .merge(graphql::routes(state.clone(), "/graphql", WEBSOCKET_PATH))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
@@ -39,7 +39,7 @@ pub fn router(state: AppState, cors: CorsLayer) -> Router {
         .layer(cors)
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(CatchPanicLayer::custom(ops::panic_response))
-        .with_state(Arc::new(state))
+        .with_state(state)
 }
 
 /// CORS for the configured origins. Tokens travel in the Authorization header, never in cookies, so

@@ -12,6 +12,9 @@
 //! - [`pipeline`]: the one extension every request passes: error codes, depth and complexity
 //!   limits, per-operation metrics, persisted documents, the guard with a parsed-document cache,
 //!   validation once and the response order.
+//! - [`http`]: POST and GET at one path and the websocket upgrade at another, for any executor:
+//!   one function decides a request's transport, one function serves each; the server says who
+//!   asks through a hook that builds each request's data or refuses it.
 //! - [`persisted`]: persisted documents (automatic persisted queries, trusted documents) by
 //!   their SHA-256, kept in a store the server implements.
 //! - [`websocket`]: a driver for both websocket protocols that bounds what async-graphql leaves
@@ -21,6 +24,7 @@
 //! other way, so a domain type used here fails to compile.
 
 pub mod guard;
+pub mod http;
 pub mod media;
 pub mod order;
 pub mod persisted;

@@ -32,7 +32,7 @@ use crate::validated::{Validation, ValidationTally};
 
 /// The code of errors async-graphql raised on a request of the client's, and of the client's
 /// mistakes this pipeline refuses.
-const CLIENT_QUERY_ERROR: &str = "BAD_USER_INPUT";
+pub(crate) const CLIENT_QUERY_ERROR: &str = "BAD_USER_INPUT";
 /// The code of a subscription sent over HTTP.
 const WEBSOCKET_REQUIRED: &str = "WEBSOCKET_REQUIRED";
 

@@ -21,8 +21,6 @@ pub enum AppError {
         /// The argument or input field at fault, when there is one.
         field: Option<&'static str>,
     },
-    #[error("the request body did not arrive within {}", humantime::format_duration(*.0))]
-    BodyTimeout(std::time::Duration),
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error("database error: {0}")]
@@ -56,8 +54,6 @@ impl AppError {
             Self::NotFound(_) | Self::NoSuchHandle(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
-            // The client did not send its body in time: its request to fix, like any other.
-            Self::BodyTimeout(_) => "BAD_USER_INPUT",
             Self::Database(err) if crate::sql::transient(err).is_some() => "UNAVAILABLE",
             Self::Redis(err) if crate::redis::link::is_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",

@@ -1,0 +1,627 @@
+//! GraphQL over HTTP for any async-graphql executor: POST and GET on one path, the websocket
+//! upgrade on another, with the media types and status codes of [`crate::media`].
+//!
+//! The server says who asks through a [`RequestHook`]: it builds each request's `Data` from the
+//! request's head (its credentials, its peer) or refuses the request. Everything else here knows
+//! nothing of the server: [`transport`] decides from the method and headers how a request at the
+//! GraphQL path is carried, and each transport is one function.
+
+use std::any::Any;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_graphql::http::WebSocketProtocols;
+use async_graphql::{Data, ErrorExtensions as _, Executor};
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{DefaultBodyLimit, FromRequest as _, FromRequestParts as _, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
+use axum::response::{IntoResponse as _, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::media::{self, Accepted, HttpMethod, MediaType};
+use crate::pipeline::{CLIENT_QUERY_ERROR, shorten_message};
+use crate::websocket;
+
+/// A request the hook let through: the data its operation sees.
+pub struct Admitted {
+    pub data: Data,
+    /// The answer depends on the caller's credentials: a GET's answer is then `private, no-store`,
+    /// so no cache hands it to anyone else.
+    pub private: bool,
+}
+
+/// A request the hook turned away, answered with `status` and `error` in GraphQL's error shape.
+pub struct Refusal {
+    pub status: StatusCode,
+    pub error: async_graphql::Error,
+}
+
+/// The future that answers a websocket's `connection_init` with the connection's data.
+pub type InitFuture = Pin<Box<dyn Future<Output = async_graphql::Result<Data>> + Send>>;
+
+type OnInit = Box<dyn FnOnce(serde_json::Value) -> InitFuture + Send>;
+type OnUpgrade = Box<dyn FnOnce() -> Box<dyn Any + Send> + Send>;
+
+/// A websocket upgrade the hook let through: how its `connection_init` payload becomes the data of
+/// the connection's operations (or a refusal that closes it), and what the open socket holds.
+pub struct SocketAdmission {
+    on_init: OnInit,
+    on_upgrade: Option<OnUpgrade>,
+}
+
+impl SocketAdmission {
+    pub fn new<Init, Fut>(on_init: Init) -> Self
+    where
+        Init: FnOnce(serde_json::Value) -> Fut + Send + 'static,
+        Fut: Future<Output = async_graphql::Result<Data>> + Send + 'static,
+    {
+        Self {
+            on_init: Box::new(move |payload| Box::pin(on_init(payload))),
+            on_upgrade: None,
+        }
+    }
+
+    /// Calls `on_upgrade` once the socket is open and keeps what it returns until the socket
+    /// closes: a count of open sockets, say, that a refused or failed upgrade never enters.
+    pub fn holding<Held: Send + 'static>(
+        mut self,
+        on_upgrade: impl FnOnce() -> Held + Send + 'static,
+    ) -> Self {
+        self.on_upgrade = Some(Box::new(move || Box::new(on_upgrade())));
+        self
+    }
+}
+
+/// What the server decides about every request before it runs.
+#[async_trait::async_trait]
+pub trait RequestHook: Send + Sync + 'static {
+    /// A POST or GET: its data, or why it is refused.
+    async fn http(&self, head: &Parts) -> Result<Admitted, Refusal>;
+
+    /// A websocket upgrade, before it is accepted: refused here, the client gets an HTTP answer
+    /// instead of a socket.
+    fn websocket(&self, head: &Parts) -> Result<SocketAdmission, Refusal>;
+}
+
+/// A page for a browser that opens the GraphQL path (GraphiQL, say), given the request's headers
+/// for its caching.
+pub type Page = fn(&HeaderMap) -> Response;
+
+/// How the endpoint is bounded.
+#[derive(Clone)]
+pub struct Settings {
+    /// The largest body a POST may send.
+    pub max_body_bytes: usize,
+    /// How long a body may take to arrive once the headers are in.
+    pub body_timeout: Duration,
+    /// How long a websocket may take to send `connection_init`.
+    pub websocket_init_timeout: Duration,
+    /// Cancelled when the server stops: open websockets then close with "going away".
+    pub shutdown: CancellationToken,
+    /// The status of the codes that are the server's own failure (see [`media::answer`]).
+    pub server_failure: fn(&str) -> Option<StatusCode>,
+}
+
+/// How a request at the GraphQL path is carried, and in what media type it is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One operation in a POST's JSON body.
+    Post(MediaType),
+    /// One operation in the URL's parameters, which caches can keep.
+    Get(MediaType),
+    /// A browser that opens the path without a query: the server's page.
+    Page,
+    /// The `Accept` header allows nothing this endpoint answers in.
+    NotAcceptable,
+}
+
+/// The transport of a request with `method` and `headers` whose URL is `uri`. `page` says whether
+/// the server has a page for browsers. Any method but POST reaches here only as GET or HEAD.
+pub fn transport(method: &Method, headers: &HeaderMap, uri: &Uri, page: bool) -> Transport {
+    if method == Method::POST {
+        return match media::negotiate(headers, false) {
+            Accepted::Graphql(media) => Transport::Post(media),
+            Accepted::Html | Accepted::Nothing => Transport::NotAcceptable,
+        };
+    }
+    match media::negotiate(headers, page) {
+        Accepted::Graphql(media) => Transport::Get(media),
+        Accepted::Html if asks_nothing(uri) => Transport::Page,
+        // A GET URL with a query opened in a browser: the answer is what it asked for.
+        Accepted::Html => Transport::Get(MediaType::Json),
+        Accepted::Nothing => Transport::NotAcceptable,
+    }
+}
+
+/// A URL with neither a query nor extensions (a persisted document's hash) in its parameters.
+fn asks_nothing(uri: &Uri) -> bool {
+    matches!(
+        Query::<GetParameters>::try_from_uri(uri),
+        Ok(Query(parameters)) if parameters.query.is_none() && parameters.extensions.is_none()
+    )
+}
+
+/// GraphQL over HTTP for `executor`, with the server's `hook` and `settings`.
+pub struct Endpoint<E, H> {
+    executor: E,
+    hook: H,
+    settings: Settings,
+    page: Option<NamedPage>,
+    /// The GraphQL path, named in the hint of a GET without a query.
+    path: String,
+}
+
+/// The server's page and what a browser sees there.
+#[derive(Clone, Copy)]
+struct NamedPage {
+    name: &'static str,
+    page: Page,
+}
+
+impl<E: Executor, H: RequestHook> Endpoint<E, H> {
+    pub fn new(executor: E, hook: H, settings: Settings) -> Self {
+        Self {
+            executor,
+            hook,
+            settings,
+            page: None,
+            path: String::new(),
+        }
+    }
+
+    /// The page a browser gets when it opens the GraphQL path with no query; `name` says what it
+    /// is in the hint to a client that sends a GET without one.
+    pub fn page(mut self, name: &'static str, page: Page) -> Self {
+        self.page = Some(NamedPage { name, page });
+        self
+    }
+
+    /// The routes: POST and GET at `path`, the websocket upgrade at `websocket_path`. A server
+    /// merges them into its own router.
+    pub fn routes<S: Clone + Send + Sync + 'static>(
+        mut self,
+        path: &str,
+        websocket_path: &str,
+    ) -> Router<S> {
+        let max_body_bytes = self.settings.max_body_bytes;
+        path.clone_into(&mut self.path);
+        Router::new()
+            .route(path, get(graphql::<E, H>).post(graphql::<E, H>))
+            .route(websocket_path, get(upgrade::<E, H>))
+            .layer(DefaultBodyLimit::max(max_body_bytes))
+            .with_state(Arc::new(self))
+    }
+}
+
+async fn graphql<E: Executor, H: RequestHook>(
+    State(endpoint): State<Arc<Endpoint<E, H>>>,
+    request: Request<Body>,
+) -> Response {
+    let (head, body) = request.into_parts();
+    let page = endpoint.page;
+    match transport(&head.method, &head.headers, &head.uri, page.is_some()) {
+        Transport::Post(media) => post(&endpoint, head, body, media).await,
+        Transport::Get(media) => get_query(&endpoint, head, media).await,
+        Transport::Page => match page {
+            Some(NamedPage { page, .. }) => page(&head.headers),
+            None => not_acceptable(),
+        },
+        Transport::NotAcceptable => not_acceptable(),
+    }
+}
+
+/// A failure before execution, in the shape GraphQL clients already parse.
+fn transport_error(status: StatusCode, media: MediaType, error: &async_graphql::Error) -> Response {
+    let body = json!({ "errors": [{ "message": error.message, "extensions": error.extensions }] });
+    media::json_response(status, media, body.to_string())
+}
+
+/// A request this endpoint does not serve, the client's to fix. A parser's message can quote the
+/// request, so it is cut short.
+fn malformed(status: StatusCode, media: MediaType, mut message: String) -> Response {
+    shorten_message(&mut message);
+    let error = async_graphql::Error::new(message).extend_with(|_, extensions| {
+        extensions.set("code", CLIENT_QUERY_ERROR);
+    });
+    transport_error(status, media, &error)
+}
+
+fn not_acceptable() -> Response {
+    let message = format!(
+        "the Accept header allows no type this endpoint answers in; accept `{}` or `{}`",
+        media::GRAPHQL_RESPONSE_JSON,
+        media::JSON
+    );
+    malformed(StatusCode::NOT_ACCEPTABLE, MediaType::Json, message)
+}
+
+/// A POST must say its body is JSON: GraphQL over HTTP requires `application/json`, and refusing the
+/// rest keeps browsers from sending queries as "simple" cross-site requests without a preflight.
+fn check_content_type(headers: &HeaderMap) -> Result<(), String> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok());
+    let Some(content_type) = content_type else {
+        return Err("a POST needs `Content-Type: application/json`".to_owned());
+    };
+    let mut parts = content_type.split(';');
+    let essence = parts.next().unwrap_or_default().trim();
+    let charset_ok = parts.all(|parameter| match parameter.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        _ => true,
+    });
+    if essence.eq_ignore_ascii_case("application/json") && charset_ok {
+        return Ok(());
+    }
+    Err(format!(
+        "unsupported Content-Type `{content_type}`; send `application/json` (UTF-8)"
+    ))
+}
+
+/// The body of a POST, read within the body timeout and the size limit.
+async fn read_body(
+    settings: &Settings,
+    head: &Parts,
+    body: Body,
+    media: MediaType,
+) -> Result<Bytes, Response> {
+    let declared_length = head
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    let mut request = Request::new(body);
+    // The size limit travels as an extension of the request.
+    *request.extensions_mut() = head.extensions.clone();
+    // The clock runs from the end of the headers, so a client trickling its body in holds the
+    // connection for at most this long.
+    let read = tokio::time::timeout(settings.body_timeout, Bytes::from_request(request, &())).await;
+    match read {
+        Err(_) => {
+            let message = format!(
+                "the request body did not arrive within {}",
+                humantime::format_duration(settings.body_timeout)
+            );
+            let mut response = malformed(StatusCode::REQUEST_TIMEOUT, media, message);
+            // The rest of the body may still be on its way; the connection cannot serve another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            Err(response)
+        }
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let limit = settings.max_body_bytes;
+            let message = match declared_length {
+                Some(length) => {
+                    format!("request body of {length} bytes exceeds the limit of {limit} bytes")
+                }
+                None => format!("request body exceeds the limit of {limit} bytes"),
+            };
+            Err(malformed(StatusCode::PAYLOAD_TOO_LARGE, media, message))
+        }
+        Ok(Err(rejection)) => {
+            let message = format!("cannot read the request body: {rejection}");
+            Err(malformed(rejection.status(), media, message))
+        }
+    }
+}
+
+async fn post<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: Parts,
+    body: Body,
+    media: MediaType,
+) -> Response {
+    if let Err(message) = check_content_type(&head.headers) {
+        return malformed(StatusCode::UNSUPPORTED_MEDIA_TYPE, media, message);
+    }
+    let body = match read_body(&endpoint.settings, &head, body, media).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let request = match serde_json::from_slice::<async_graphql::Request>(&body) {
+        Ok(request)
+            if request.query.trim().is_empty()
+                && !request.extensions.contains_key("persistedQuery") =>
+        {
+            return malformed(
+                StatusCode::BAD_REQUEST,
+                media,
+                "the request has no `query`".to_owned(),
+            );
+        }
+        Ok(request) => request,
+        Err(_) if body.first() == Some(&b'[') => {
+            let message = "batched requests are not supported; send one operation per request";
+            return malformed(StatusCode::BAD_REQUEST, media, message.to_owned());
+        }
+        Err(err) => {
+            let message = format!("the body is not a GraphQL request in JSON: {err}");
+            return malformed(StatusCode::BAD_REQUEST, media, message);
+        }
+    };
+    execute(endpoint, &head, request, HttpMethod::Post, media).await
+}
+
+/// The parameters of a GraphQL request sent with GET, as the GraphQL over HTTP spec names them.
+#[derive(Deserialize)]
+struct GetParameters {
+    query: Option<String>,
+    #[serde(rename = "operationName")]
+    operation_name: Option<String>,
+    variables: Option<String>,
+    extensions: Option<String>,
+}
+
+async fn get_query<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: Parts,
+    media: MediaType,
+) -> Response {
+    let request = match get_request(&head.uri, &endpoint.path, endpoint.page) {
+        Ok(request) => request,
+        Err(message) => return malformed(StatusCode::BAD_REQUEST, media, message),
+    };
+    execute(endpoint, &head, request, HttpMethod::Get, media).await
+}
+
+/// The GraphQL request in a GET's URL, or why there is none.
+fn get_request(
+    uri: &Uri,
+    path: &str,
+    page: Option<NamedPage>,
+) -> Result<async_graphql::Request, String> {
+    let parameters = match Query::<GetParameters>::try_from_uri(uri) {
+        Ok(Query(parameters)) => parameters,
+        Err(rejection) => {
+            return Err(format!(
+                "the URL's parameters are not a GraphQL request: {rejection}"
+            ));
+        }
+    };
+    if parameters.query.is_none() && parameters.extensions.is_none() {
+        return Err(match page {
+            Some(NamedPage { name, .. }) => {
+                format!(
+                    "the request has no `query` parameter (open {path} in a browser for {name})"
+                )
+            }
+            None => "the request has no `query` parameter".to_owned(),
+        });
+    }
+    let mut request = async_graphql::Request::new(parameters.query.unwrap_or_default());
+    if let Some(name) = parameters.operation_name.filter(|name| !name.is_empty()) {
+        request = request.operation_name(name);
+    }
+    if let Some(variables) = parameters.variables.filter(|v| !v.is_empty()) {
+        let variables = json_object(&variables)
+            .ok_or_else(|| "`variables` must be a JSON object".to_owned())?;
+        request = request.variables(async_graphql::Variables::from_json(variables));
+    }
+    if let Some(extensions) = parameters.extensions.filter(|e| !e.is_empty()) {
+        let Some(serde_json::Value::Object(extensions)) = json_object(&extensions) else {
+            return Err("`extensions` must be a JSON object".to_owned());
+        };
+        for (name, value) in extensions {
+            if let Ok(value) = async_graphql::Value::from_json(value) {
+                request.extensions.insert(name, value);
+            }
+        }
+    }
+    Ok(request)
+}
+
+/// A URL parameter holding a JSON object (or null).
+fn json_object(text: &str) -> Option<serde_json::Value> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value @ (serde_json::Value::Object(_) | serde_json::Value::Null)) => Some(value),
+        _ => None,
+    }
+}
+
+async fn execute<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: &Parts,
+    mut request: async_graphql::Request,
+    method: HttpMethod,
+    media: MediaType,
+) -> Response {
+    let admitted = match endpoint.hook.http(head).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return transport_error(refusal.status, media, &refusal.error),
+    };
+    request.data = admitted.data;
+    request.data.insert(method);
+    let response = endpoint.executor.execute(request).await;
+    let mut answer = media::answer(response, media, method, endpoint.settings.server_failure);
+    if method == HttpMethod::Get {
+        let headers = answer.headers_mut();
+        // Answers differ by who asks and in what type; a cache must not hand one to the other.
+        headers.insert(
+            header::VARY,
+            HeaderValue::from_static("Accept, Authorization"),
+        );
+        if admitted.private {
+            headers.insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("private, no-store"),
+            );
+        }
+    }
+    answer
+}
+
+async fn upgrade<E: Executor, H: RequestHook>(
+    State(endpoint): State<Arc<Endpoint<E, H>>>,
+    request: Request<Body>,
+) -> Response {
+    let (mut head, _) = request.into_parts();
+    let upgrade = match WebSocketUpgrade::from_request_parts(&mut head, &()).await {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let Some(protocol) = websocket::protocol(&head.headers) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let admission = match endpoint.hook.websocket(&head) {
+        Ok(admission) => admission,
+        Err(refusal) => return transport_error(refusal.status, MediaType::Json, &refusal.error),
+    };
+    serve_socket(endpoint, upgrade, protocol, admission)
+}
+
+fn serve_socket<E: Executor, H: RequestHook>(
+    endpoint: Arc<Endpoint<E, H>>,
+    upgrade: WebSocketUpgrade,
+    protocol: WebSocketProtocols,
+    admission: SocketAdmission,
+) -> Response {
+    upgrade
+        .protocols([protocol.sec_websocket_protocol()])
+        .on_upgrade(move |socket| async move {
+            let _held = admission.on_upgrade.map(|on_upgrade| on_upgrade());
+            let settings = &endpoint.settings;
+            websocket::serve(
+                socket,
+                protocol,
+                endpoint.executor.clone(),
+                settings.websocket_init_timeout,
+                settings.shutdown.clone(),
+                admission.on_init,
+            )
+            .await;
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(accept: Option<&str>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(accept) = accept {
+            headers.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
+        }
+        headers
+    }
+
+    const BROWSER: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+
+    #[test]
+    fn a_post_is_answered_in_the_type_it_accepts_and_never_with_the_page() {
+        let uri = Uri::from_static("/graphql");
+        let spec = Some("application/graphql-response+json");
+        assert_eq!(
+            transport(&Method::POST, &headers(spec), &uri, true),
+            Transport::Post(MediaType::GraphqlResponseJson)
+        );
+        assert_eq!(
+            transport(&Method::POST, &headers(None), &uri, true),
+            Transport::Post(MediaType::Json)
+        );
+        assert_eq!(
+            transport(&Method::POST, &headers(Some("text/html")), &uri, true),
+            Transport::NotAcceptable
+        );
+    }
+
+    #[test]
+    fn a_browser_gets_the_page_only_without_a_query_and_only_where_there_is_one() {
+        let bare = Uri::from_static("/graphql");
+        let asking = Uri::from_static("/graphql?query=%7B__typename%7D");
+        let persisted = Uri::from_static("/graphql?extensions=%7B%7D");
+        let browser = headers(Some(BROWSER));
+        assert_eq!(
+            transport(&Method::GET, &browser, &bare, true),
+            Transport::Page
+        );
+        assert_eq!(
+            transport(&Method::GET, &browser, &asking, true),
+            Transport::Get(MediaType::Json)
+        );
+        assert_eq!(
+            transport(&Method::GET, &browser, &persisted, true),
+            Transport::Get(MediaType::Json)
+        );
+        assert_eq!(
+            transport(&Method::GET, &browser, &bare, false),
+            Transport::Get(MediaType::Json)
+        );
+        assert_eq!(
+            transport(&Method::GET, &headers(Some("text/html")), &bare, false),
+            Transport::NotAcceptable
+        );
+        assert_eq!(
+            transport(
+                &Method::GET,
+                &headers(Some("application/graphql-response+json")),
+                &bare,
+                true
+            ),
+            Transport::Get(MediaType::GraphqlResponseJson)
+        );
+    }
+
+    #[test]
+    fn only_json_in_utf_8_is_a_posts_content_type() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(value).unwrap());
+            check_content_type(&headers)
+        };
+        assert!(with("application/json").is_ok());
+        assert!(with("Application/JSON; charset=\"UTF-8\"").is_ok());
+        assert!(with("application/json; charset=latin1").is_err());
+        assert!(with("text/plain").is_err());
+        assert!(with("application/x-www-form-urlencoded").is_err());
+        assert!(check_content_type(&HeaderMap::new()).is_err());
+    }
+
+    #[test]
+    fn a_gets_parameters_become_one_request_or_a_reason() {
+        let page = NamedPage {
+            name: "GraphiQL",
+            page: |_| Response::new(Body::empty()),
+        };
+        let uri = Uri::from_static(
+            "/graphql?query=query%20Q(%24n%3AInt)%7Ba%7D&operationName=Q&variables=%7B%22n%22%3A1%7D",
+        );
+        let request = get_request(&uri, "/graphql", None).unwrap();
+        assert_eq!(request.query, "query Q($n:Int){a}");
+        assert_eq!(request.operation_name.as_deref(), Some("Q"));
+        assert_eq!(
+            request.variables.get(&async_graphql::Name::new("n")),
+            Some(&async_graphql::Value::from(1))
+        );
+
+        let bare = Uri::from_static("/graphql");
+        assert_eq!(
+            get_request(&bare, "/graphql", Some(page)).unwrap_err(),
+            "the request has no `query` parameter (open /graphql in a browser for GraphiQL)"
+        );
+        assert_eq!(
+            get_request(&bare, "/graphql", None).unwrap_err(),
+            "the request has no `query` parameter"
+        );
+        let listed = Uri::from_static("/graphql?query=%7Ba%7D&variables=%5B1%5D");
+        assert_eq!(
+            get_request(&listed, "/graphql", None).unwrap_err(),
+            "`variables` must be a JSON object"
+        );
+        let hashed = Uri::from_static(
+            "/graphql?extensions=%7B%22persistedQuery%22%3A%7B%22version%22%3A1%7D%7D",
+        );
+        let request = get_request(&hashed, "/graphql", None).unwrap();
+        assert!(request.query.is_empty());
+        assert!(request.extensions.contains_key("persistedQuery"));
+    }
+}
