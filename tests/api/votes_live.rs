@@ -402,3 +402,29 @@ async fn a_dashboard_goes_on_by_itself_after_redis_restarts() {
     app.stop().await.unwrap();
     own.stop().await;
 }
+
+#[tokio::test]
+async fn a_subscribe_message_several_times_the_sockets_read_buffer_is_read_whole() {
+    let app = TestApp::spawn().await;
+    let token = admin(&app).await;
+    let (poll, _) = create_poll(
+        &app,
+        &token,
+        json!({ "title": "Padded", "options": [{ "label": "A" }, { "label": "B" }] }),
+    )
+    .await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    // The socket reads 4 KiB at a time.
+    let padded = format!("# {}\n{LIVE}", "x".repeat(16 * 1024));
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe",
+            "payload": { "query": padded, "variables": { "p": poll, "first": 2 } } }),
+    )
+    .await;
+    assert_eq!(snapshot(&mut socket).await["totalOptions"], 2);
+}
