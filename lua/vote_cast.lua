@@ -24,6 +24,8 @@
 -- ARGV[10]  pub/sub channel told that the poll's boards moved
 -- ARGV[11]  B, boards
 -- ARGV[12]  N, ballots
+-- ARGV[13]  the command that publishes on ARGV[10]: PUBLISH (one server) or SPUBLISH (a cluster;
+--           the channel carries the poll's hash tag)
 -- then B values: each board's expiry, ms since the epoch ('0': never)
 -- then per ballot: option id, bonus, C, then B increments (decimal strings, '0': untouched), then
 --   per counter: limit, time-to-live in ms ('0': none), retry after in s ('-1': never), rule index
@@ -38,7 +40,7 @@ end
 local now, voter, prefix = ARGV[1], ARGV[2], ARGV[3]
 local boards = tonumber(ARGV[11])
 local ballots = tonumber(ARGV[12])
-local arg = 13
+local arg = 14
 local expire_at = {}
 for j = 1, boards do
   expire_at[j] = ARGV[arg]
@@ -103,6 +105,6 @@ for i = 1, ballots do
 end
 
 if accepted_any then
-  redis.call('PUBLISH', ARGV[10], redis.call('GET', KEYS[2]))
+  redis.call(ARGV[13], ARGV[10], redis.call('GET', KEYS[2]))
 end
 return out

@@ -130,7 +130,7 @@ impl App {
             redis_location,
         } = Backends::connect(&config).await?;
         let (shutdown, tasks) = (CancellationToken::new(), TaskTracker::new());
-        let hub = Hub::start(redis.target.pubsub_nodes(), shutdown.clone(), &tasks);
+        let hub = Hub::start(redis.target.pubsub(), shutdown.clone(), &tasks);
         let inputs = Inputs {
             db: &db,
             redis: &redis,

@@ -136,11 +136,7 @@ pub async fn run(backends: &Backends, config: &Config) -> anyhow::Result<()> {
     }
 
     let (shutdown, tasks) = (CancellationToken::new(), TaskTracker::new());
-    let hub = Hub::start(
-        backends.redis.target.pubsub_nodes(),
-        shutdown.clone(),
-        &tasks,
-    );
+    let hub = Hub::start(backends.redis.target.pubsub(), shutdown.clone(), &tasks);
     let tokens = Arc::new(TokenSigner::throwaway(config.token_ttl)?);
     // The next `pulse serve` runs the jobs this queues; a seed that stops in a few seconds should
     // not take them halfway.

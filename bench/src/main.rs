@@ -36,6 +36,7 @@ mod publish_fanout;
 mod record_view;
 mod redis_util;
 mod report;
+mod search;
 mod server;
 mod subscribers;
 
@@ -90,6 +91,10 @@ enum Command {
     /// feeds under a publish stream: server RSS per idle subscriber, change-to-client latency over
     /// every (client, change) pair, server CPU per 1,000 messages; `--knee` steps N up.
     Subscribers(SubscribersArgs),
+    /// Load articles into SQL and build an embedded search replica from them (time, size); query
+    /// it at a fixed rate (p50/p99), then again while view flush batches stream in through the
+    /// outbox (rows applied per second, freshness); check that the replica equals SQL.
+    Search(search::SearchArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -350,6 +355,7 @@ fn main() -> anyhow::Result<()> {
             Command::FeedRead(args) => feed_read::run(args).await,
             Command::PublishFanout(args) => publish_fanout::run(args).await,
             Command::Subscribers(args) => subscribers::run(args).await,
+            Command::Search(args) => search::run(args).await,
         }
     })
 }

@@ -17,7 +17,7 @@ use super::ArticleService;
 use crate::error::{AppError, AppResult};
 use crate::keys::ArticleKeys;
 use crate::likes::{LikeService, Subject};
-use crate::realtime::{Coalescer, CoalescerConfig, Hub, Snapshot};
+use crate::realtime::{Coalescer, CoalescerConfig, Hub, Sharding, Snapshot};
 use crate::redis::Keys;
 use crate::views::ViewService;
 
@@ -56,6 +56,8 @@ impl ArticleStatsService {
         let config = CoalescerConfig {
             kind: "article_stats",
             tick: workers.tick,
+            // Announced by the view and the like scripts, whose keys lie in different slots.
+            sharding: Sharding::Broadcast,
             hub: workers.hub,
             tasks: workers.tasks,
             shutdown: workers.shutdown,

@@ -90,9 +90,10 @@ impl PollKeys<'_> {
         self.key("seq")
     }
 
-    /// Pub/sub channel told whenever one of the poll's boards moves.
+    /// Pub/sub channel told whenever one of the poll's boards moves; under the poll's hash tag,
+    /// so the vote script publishes it on a cluster with `SPUBLISH` in its own slot.
     pub fn votes_channel(&self) -> String {
-        format!("{}events:poll-votes:{}", self.keys.prefix(), self.poll)
+        self.key("events")
     }
 }
 
@@ -114,6 +115,7 @@ mod tests {
             poll.closed(),
             poll.seq(),
             job.stream(),
+            poll.votes_channel(),
         ] {
             assert!(key.starts_with("p:"), "{key} lacks the prefix");
             assert_eq!(

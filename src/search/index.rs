@@ -27,7 +27,7 @@ use tantivy::{
 };
 
 use super::query::SearchQuery;
-use super::tokenizer::{DOCUMENT_ANALYZER, document_analyzer};
+use super::tokenizer::{DOCUMENT_ANALYZER, document_analyzer, snippet_analyzer};
 
 /// The writer's memory before it writes a segment out: large enough that a rebuild makes few
 /// segments, small enough for a 2-core, small-memory host.
@@ -397,10 +397,8 @@ impl EmbeddedIndex {
             limit: search.limit,
         };
         let top = searcher.search(query.as_ref(), &collector)?;
-        let mut titles = SnippetGenerator::create(&searcher, query.as_ref(), self.fields.title)?;
-        titles.set_max_num_chars(SNIPPET_CHARS);
-        let mut bodies = SnippetGenerator::create(&searcher, query.as_ref(), self.fields.body)?;
-        bodies.set_max_num_chars(SNIPPET_CHARS);
+        let titles = snippets(&searcher, query.as_ref(), self.fields.title)?;
+        let bodies = snippets(&searcher, query.as_ref(), self.fields.body)?;
         let mut hits = Vec::with_capacity(top.len());
         for ranked in top {
             let doc: TantivyDocument = searcher.doc(ranked.address)?;
@@ -423,6 +421,37 @@ impl EmbeddedIndex {
             hits,
         })
     }
+}
+
+/// A snippet generator for `field`, weighing the query's terms as `SnippetGenerator::create`
+/// does, but cutting text with [`snippet_analyzer`].
+fn snippets(
+    searcher: &Searcher,
+    query: &dyn Query,
+    field: Field,
+) -> tantivy::Result<SnippetGenerator> {
+    let mut terms = std::collections::BTreeSet::new();
+    query.query_terms(&mut |term, _| {
+        if term.field() == field {
+            terms.insert(term.clone());
+        }
+    });
+    let mut weights = std::collections::BTreeMap::new();
+    for term in terms {
+        let Some(text) = term.value().as_str().map(str::to_owned) else {
+            continue;
+        };
+        let frequency = searcher.doc_freq(&term)?;
+        if frequency > 0 {
+            weights.insert(text, 1.0 / (1.0 + frequency as Score));
+        }
+    }
+    Ok(SnippetGenerator::new(
+        weights,
+        snippet_analyzer(),
+        field,
+        SNIPPET_CHARS,
+    ))
 }
 
 fn escape(text: &str) -> String {

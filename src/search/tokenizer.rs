@@ -35,6 +35,10 @@ enum Mode {
     Document,
     /// Words alone: what queries are cut into.
     Query,
+    /// As `Document`, but every sub-word carries the offsets of its whole word: tantivy's snippet
+    /// generator needs offsets that never go back (it underflows otherwise), and a match on a
+    /// sub-word then highlights its word.
+    Snippet,
 }
 
 #[derive(Clone)]
@@ -77,27 +81,33 @@ impl Tokenizer for WordTokenizer {
 
     fn token_stream<'a>(&'a mut self, text: &'a str) -> WordStream {
         let jieba_mode = match self.mode {
-            Mode::Document => TokenizeMode::Search,
+            Mode::Document | Mode::Snippet => TokenizeMode::Search,
             Mode::Query => TokenizeMode::Default,
         };
         let cut = self.jieba.tokenize(text, jieba_mode, true);
         // In search mode a word's sub-words come just before it and lie inside it: walking back
         // from the end, a token outside the last whole word seen is the next whole word.
         let mut whole_words = vec![false; cut.len()];
+        let mut words = vec![0..0; cut.len()];
         let mut word = usize::MAX..usize::MAX;
         for (index, token) in cut.iter().enumerate().rev() {
             if !(word.start <= token.byte_start && token.byte_end <= word.end) {
                 whole_words[index] = true;
                 word = token.byte_start..token.byte_end;
             }
+            words[index] = word.clone();
         }
         let mut tokens = Vec::with_capacity(cut.len());
         let mut position = 0;
-        for (token, whole_word) in cut.iter().zip(whole_words) {
+        for ((token, whole_word), word) in cut.iter().zip(whole_words).zip(words) {
             if token.word.chars().any(char::is_alphanumeric) {
+                let offsets = match self.mode {
+                    Mode::Snippet => word,
+                    Mode::Document | Mode::Query => token.byte_start..token.byte_end,
+                };
                 tokens.push(Token {
-                    offset_from: token.byte_start,
-                    offset_to: token.byte_end,
+                    offset_from: offsets.start,
+                    offset_to: offsets.end,
                     position,
                     text: token.word.to_owned(),
                     position_length: 1,
@@ -122,6 +132,11 @@ fn analyzer(mode: Mode) -> TextAnalyzer {
 /// What title and body are indexed with.
 pub fn document_analyzer() -> TextAnalyzer {
     analyzer(Mode::Document)
+}
+
+/// What snippets are cut with: see [`Mode::Snippet`].
+pub fn snippet_analyzer() -> TextAnalyzer {
+    analyzer(Mode::Snippet)
 }
 
 /// What a query's words are cut with.
@@ -188,6 +203,18 @@ mod tests {
         assert_eq!(last.1, "成立");
         assert_eq!(last.0, 1, "{terms:?}");
         assert!(terms.iter().filter(|(position, _)| *position == 0).count() > 1);
+    }
+
+    #[test]
+    fn snippet_offsets_never_go_back() {
+        let mut analyzer = snippet_analyzer();
+        let mut stream = analyzer.token_stream("中华人民共和国成立 counting 高并发文章浏览量计数");
+        let mut last = 0..0;
+        while let Some(token) = stream.next() {
+            assert!(token.offset_from >= last.start && token.offset_to >= last.end);
+            last = token.offset_from..token.offset_to;
+        }
+        assert!(last.end > 0);
     }
 
     #[test]

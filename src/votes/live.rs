@@ -21,7 +21,7 @@ use super::periods::{self, Bucket, Period};
 use super::service::{Board, BoardKey, VoteService};
 use crate::error::AppResult;
 use crate::keys::VoteKeys;
-use crate::realtime::{Coalescer, CoalescerConfig, Hub, Snapshot};
+use crate::realtime::{Coalescer, CoalescerConfig, Hub, Sharding, Snapshot};
 
 /// A watched board: the current bucket of one period of a poll.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +66,8 @@ impl LiveBoardService {
         let config = CoalescerConfig {
             kind: "leaderboard",
             tick: workers.tick,
+            // Announced by the vote script in the poll's slot.
+            sharding: Sharding::Sharded,
             hub: workers.hub,
             tasks: workers.tasks,
             shutdown: workers.shutdown,

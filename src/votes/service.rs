@@ -305,6 +305,7 @@ impl VoteService {
             now,
             retention: self.retention,
             event_prefix: &format!("{:032x}", rand::random::<u128>()),
+            publish: self.redis.target.sharded_publish(),
         });
         let mut invocation = SCRIPTS.vote_cast.prepare_invoke();
         for key in &call.keys {
@@ -418,6 +419,8 @@ pub struct CastCall<'a> {
     pub now: DateTime<Utc>,
     pub retention: Duration,
     pub event_prefix: &'a str,
+    /// The command announcing the move on the poll's channel ([`crate::redis::Target::sharded_publish`]).
+    pub publish: &'a str,
 }
 
 /// The script's KEYS and ARGV for a call; see the header of `lua/vote_cast.lua`.
@@ -465,6 +468,7 @@ pub fn vote_cast_call(call: &CastCall<'_>) -> ScriptCall {
         keys.votes_channel(),
         targets.len().to_string(),
         call.ballots.len().to_string(),
+        call.publish.to_owned(),
     ];
     args.extend(
         targets

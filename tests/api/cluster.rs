@@ -355,3 +355,87 @@ async fn a_master_killed_under_load_fails_over_and_the_views_reconcile() {
     .await;
     assert!(pushed.is_ok(), "no live push after the failover");
 }
+
+/// How many of the node's own clients subscribe to `channel` with `SSUBSCRIBE`.
+async fn shard_subscribers(port: u16, channel: &str) -> i64 {
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(channel)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    counts[0].1
+}
+
+#[tokio::test]
+async fn a_leaderboard_is_heard_at_its_slots_master_only_and_again_after_that_master_fails_over() {
+    use crate::votes::{admin, create_poll, row};
+    use crate::votes_live::{dashboard, snapshot, vote};
+    use pulse::graphql::ids::NodeType;
+    use pulse::keys::VoteKeys;
+
+    let cluster = LocalCluster::start().await;
+    let url = cluster.url();
+    let app = TestApp::spawn_with(|config| config.redis_url = Some(url)).await;
+    let token = admin(&app).await;
+    let (poll, options) = create_poll(
+        &app,
+        &token,
+        serde_json::json!({ "title": "Sharded", "options": [{ "label": "A" }, { "label": "B" }] }),
+    )
+    .await;
+    let (mut socket, _) = dashboard(&app, &poll, 2).await;
+    let (poll, options): (i64, Vec<i64>) = (
+        row(&poll, NodeType::Poll),
+        options
+            .iter()
+            .map(|o| row(o, NodeType::PollOption))
+            .collect(),
+    );
+    let channel = app.state.redis.keys.poll(poll).votes_channel();
+    let owner = LocalCluster::master_of(&channel, cluster.base).await;
+    eventually("the hub subscribes at the channel's master", async || {
+        shard_subscribers(owner, &channel).await == 1
+    })
+    .await;
+    for port in cluster.base..cluster.base + 6 {
+        if port != owner {
+            assert_eq!(shard_subscribers(port, &channel).await, 0, "node {port}");
+        }
+    }
+    vote(&app, poll, options[1]).await;
+    let update = snapshot(&mut socket).await;
+    assert_eq!(update["entries"][0]["score"], 1.0);
+
+    cluster.kill(owner);
+    let survivor = (cluster.base..cluster.base + 6)
+        .find(|port| *port != owner)
+        .unwrap();
+    eventually("a replica takes the channel's slot over", async || {
+        LocalCluster::master_of(&channel, survivor).await != owner
+    })
+    .await;
+    let promoted = LocalCluster::master_of(&channel, survivor).await;
+    eventually("the hub subscribes at the promoted master", async || {
+        shard_subscribers(promoted, &channel).await == 1
+    })
+    .await;
+    eventually("votes are accepted again", async || {
+        app.state.redis.ping().await.is_ok()
+    })
+    .await;
+    vote(&app, poll, options[0]).await;
+    vote(&app, poll, options[0]).await;
+    let update = loop {
+        let update = snapshot(&mut socket).await;
+        if update["entries"][0]["score"] == 2.0 {
+            break update;
+        }
+    };
+    assert_eq!(update["entries"][0]["option"]["label"], "A");
+}

@@ -25,7 +25,7 @@ const LIVE: &str = "subscription($p: ID!, $first: Int) {
     version totalOptions entries { option { label } rank score } } }";
 
 /// A dashboard subscribed to the poll's ALL_TIME DISPLAY top `first`, with its first snapshot.
-async fn dashboard(app: &TestApp, poll: &str, first: i32) -> (Socket, Value) {
+pub async fn dashboard(app: &TestApp, poll: &str, first: i32) -> (Socket, Value) {
     let mut socket = connect(app, "graphql-transport-ws", json!({})).await;
     assert_eq!(
         next_message(&mut socket).await.unwrap()["type"],
@@ -41,24 +41,29 @@ async fn dashboard(app: &TestApp, poll: &str, first: i32) -> (Socket, Value) {
     (socket, first_snapshot)
 }
 
-async fn snapshot(socket: &mut Socket) -> Value {
+pub async fn snapshot(socket: &mut Socket) -> Value {
     let message = next_message(socket).await.expect("the socket stays open");
     assert_eq!(message["type"], "next", "{message}");
     message["payload"]["data"]["leaderboardChanged"].clone()
 }
 
-/// Waits until `app` has subscribed to the poll's votes channel in Redis.
-async fn listening(app: &TestApp, poll: i64) {
+/// Waits until `app` has subscribed to the poll's votes channel in Redis (with `SUBSCRIBE` on one
+/// server, `SSUBSCRIBE` on a cluster).
+pub async fn listening(app: &TestApp, poll: i64) {
     let channel = app.state.redis.keys.poll(poll).votes_channel();
     let mut conn = app.state.redis.conn.clone();
     eventually(&format!("a process subscribes to {channel}"), async || {
-        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        counts[0].1 > 0
+        let mut subscribed = 0;
+        for count in ["NUMSUB", "SHARDNUMSUB"] {
+            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg(count)
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            subscribed += counts.iter().map(|(_, n)| n).sum::<i64>();
+        }
+        subscribed > 0
     })
     .await;
 }
@@ -256,7 +261,7 @@ async fn nothing_is_sent_while_the_visible_top_stays_the_same() {
 }
 
 /// Casts one ballot for `option` as a fresh voter, accepted.
-async fn vote(app: &TestApp, poll: i64, option: i64) {
+pub async fn vote(app: &TestApp, poll: i64, option: i64) {
     let (user, _) = users(app, 1).await.remove(0);
     let ballot = Ballot { poll, option };
     let results = app
@@ -396,4 +401,30 @@ async fn a_dashboard_goes_on_by_itself_after_redis_restarts() {
     drop(socket);
     app.stop().await.unwrap();
     own.stop().await;
+}
+
+#[tokio::test]
+async fn a_subscribe_message_several_times_the_sockets_read_buffer_is_read_whole() {
+    let app = TestApp::spawn().await;
+    let token = admin(&app).await;
+    let (poll, _) = create_poll(
+        &app,
+        &token,
+        json!({ "title": "Padded", "options": [{ "label": "A" }, { "label": "B" }] }),
+    )
+    .await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    // The socket reads 4 KiB at a time.
+    let padded = format!("# {}\n{LIVE}", "x".repeat(16 * 1024));
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe",
+            "payload": { "query": padded, "variables": { "p": poll, "first": 2 } } }),
+    )
+    .await;
+    assert_eq!(snapshot(&mut socket).await["totalOptions"], 2);
 }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use futures_util::{FutureExt as _, StreamExt as _};
-use pulse_runtime::realtime::{Coalesced, Coalescer, CoalescerConfig, Hub, Snapshot};
+use pulse_runtime::realtime::{Coalesced, Coalescer, CoalescerConfig, Hub, Sharding, Snapshot};
+use pulse_runtime::redis::PubSubNodes;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -31,7 +32,11 @@ impl Watched {
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let client = redis::Client::open(url).unwrap();
-        let hub = Hub::start(vec![client.clone()], shutdown.clone(), &tasks);
+        let hub = Hub::start(
+            PubSubNodes::Single(client.clone()),
+            shutdown.clone(),
+            &tasks,
+        );
         let channel = format!("test:coalesce:{:016x}", rand::random::<u64>());
         let value = Arc::new(AtomicI64::new(0));
         let (announced_on, read_from) = (channel.clone(), value.clone());
@@ -39,6 +44,7 @@ impl Watched {
             CoalescerConfig {
                 kind: "test",
                 tick,
+                sharding: Sharding::Broadcast,
                 hub: &hub,
                 tasks: &tasks,
                 shutdown: &shutdown,

@@ -26,7 +26,7 @@
 //! Usage (one `Coalescer` per kind of key, shared by the process):
 //!
 //! ```text
-//! let stats = Coalescer::new(CoalescerConfig { kind: "article_stats", tick, hub, tasks, shutdown },
+//! let stats = Coalescer::new(CoalescerConfig { kind: "article_stats", tick, sharding: Sharding::Broadcast, hub, tasks, shutdown },
 //!     move |article: &i64| keys.article_stats_channel(*article),
 //!     move |article: i64| { let service = service.clone(); async move { service.stats_snapshot(article).await }.boxed() });
 //! let stream = stats.subscribe(article_id); // Stream<Item = Arc<Snapshot<Stats>>>
@@ -48,7 +48,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Hub;
+use super::{Hub, Sharding};
 use crate::error::AppResult;
 
 /// One read of a key.
@@ -66,6 +66,8 @@ pub struct CoalescerConfig<'a> {
     /// Names the metrics' `kind` label.
     pub kind: &'static str,
     pub tick: Duration,
+    /// How the keys' channels are published.
+    pub sharding: Sharding,
     pub hub: &'a Hub,
     pub tasks: &'a TaskTracker,
     pub shutdown: &'a CancellationToken,
@@ -90,6 +92,7 @@ impl<K, T> Clone for Coalescer<K, T> {
 struct Inner<K, T> {
     kind: &'static str,
     tick: Duration,
+    sharding: Sharding,
     hub: Hub,
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -121,6 +124,7 @@ where
             inner: Arc::new(Inner {
                 kind: config.kind,
                 tick: config.tick,
+                sharding: config.sharding,
                 hub: config.hub.clone(),
                 tasks: config.tasks.clone(),
                 shutdown: config.shutdown.clone(),
@@ -198,7 +202,9 @@ async fn watch_key<K, T>(
     K: Clone + std::fmt::Debug + Send + Sync + 'static,
     T: PartialEq + Send + Sync + 'static,
 {
-    let mut announcements = inner.hub.subscribe((inner.channel)(&key));
+    let mut announcements = inner
+        .hub
+        .subscribe_as((inner.channel)(&key), inner.sharding);
     let mut confirmations = announcements.confirmations();
     // Read once the subscription is live (at once if another watcher of the channel made it so),
     // so that no change falls between the read and the first message heard; and again after

@@ -8,4 +8,4 @@ pub mod coalesce;
 mod hub;
 
 pub use coalesce::{Coalesced, Coalescer, CoalescerConfig, Snapshot};
-pub use hub::{Hub, HubSubscription};
+pub use hub::{Hub, HubSubscription, Sharding};

@@ -27,7 +27,7 @@ pub enum Target {
     Single(redis::Client),
     Cluster {
         client: Box<ClusterClient>,
-        /// One client per seed node, for the pub/sub connection (see [`Target::pubsub_nodes`]).
+        /// One client per seed node, for the pub/sub hub (see [`Target::pubsub`]).
         seeds: Vec<redis::Client>,
     },
 }
@@ -96,15 +96,31 @@ impl Target {
         }
     }
 
-    /// Nodes the pub/sub connection may use, to try in turn. A cluster forwards every `PUBLISH`
-    /// to all of its nodes, so one subscription on any node hears the whole cluster, and the
-    /// next seed takes over when that node goes away.
-    pub fn pubsub_nodes(&self) -> Vec<redis::Client> {
+    /// Where the realtime hub listens: the one server, or the cluster by its seeds.
+    pub fn pubsub(&self) -> PubSubNodes {
         match self {
-            Self::Single(client) => vec![client.clone()],
-            Self::Cluster { seeds, .. } => seeds.clone(),
+            Self::Single(client) => PubSubNodes::Single(client.clone()),
+            Self::Cluster { seeds, .. } => PubSubNodes::Cluster(seeds.clone()),
         }
     }
+
+    /// The command that publishes on a sharded channel (one named with the hash tag of the keys
+    /// whose change it announces): `SPUBLISH` on a cluster, where only the slot's master and its
+    /// replicas carry the message instead of every node; `PUBLISH` on one server, where the two
+    /// cost the same and a Redis before 7 knows only `PUBLISH`.
+    pub fn sharded_publish(&self) -> &'static str {
+        match self {
+            Self::Single(_) => "PUBLISH",
+            Self::Cluster { .. } => "SPUBLISH",
+        }
+    }
+}
+
+/// Where the realtime hub listens (see [`crate::realtime::Hub`]).
+pub enum PubSubNodes {
+    Single(redis::Client),
+    /// Seed nodes: the hub finds each channel's node from them.
+    Cluster(Vec<redis::Client>),
 }
 
 #[derive(Clone)]

@@ -18,7 +18,7 @@ use crate::bell::Bell;
 use crate::redacted_url;
 
 pub use keys::Keys;
-pub use link::{KeyScan, Link, Target};
+pub use link::{KeyScan, Link, PubSubNodes, Target};
 pub use scripts::Scripts;
 
 #[derive(Clone)]

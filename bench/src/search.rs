@@ -1,0 +1,402 @@
+//! `pulse-bench search`: the embedded search index at scale, in this process (no HTTP: what is
+//! measured is the index and its indexer, with the server's own code).
+//!
+//! 1. Load `--articles` articles into a fresh SQL database (mixed Chinese and English text).
+//! 2. Build a replica from SQL (the indexer's rebuild): time, and the index's size on disk.
+//! 3. Queries at a fixed rate (Chinese, English, two words, a phrase; relevance, views, newest):
+//!    latency from each query's scheduled start, so a slow one delays the count, not the schedule.
+//! 4. View flush batches stream in (`--batch-articles` articles each, every `--batch-every`, each
+//!    an SQL transaction with its outbox rows) while the indexer follows and the queries go on:
+//!    rows applied per second, freshness (a batch's commit to its replica commit), query latency
+//!    under that load, and that the replica equals SQL afterwards.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Args;
+use hdrhistogram::Histogram;
+use pulse::entities::{articles, users};
+use pulse::search::index::{DocumentStore as _, EmbeddedIndex, Search, Sort};
+use pulse::search::indexer::{Indexer, IndexerSettings, document};
+use pulse::search::query::SearchQuery;
+use sea_orm::sea_query::{Expr, ExprTrait as _};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait as _, DatabaseConnection, EntityTrait as _, QueryFilter as _,
+    QueryOrder as _, TransactionTrait as _,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::database::BenchDatabase;
+use crate::report::{print_table, thousands};
+
+#[derive(Debug, Clone, Args)]
+pub struct SearchArgs {
+    /// Articles loaded into SQL and indexed.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub articles: u64,
+    /// Queries per second, in both query phases.
+    #[arg(long, default_value_t = 50.0)]
+    pub query_rate: f64,
+    /// How long each query phase (idle, then under the view stream) lasts.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Articles per view flush batch in the stream.
+    #[arg(long, default_value_t = 500)]
+    pub batch_articles: usize,
+    /// How often a view flush batch commits in the stream.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub batch_every: Duration,
+    /// How often the indexer polls the outbox (the server's PULSE_SEARCH_POLL).
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+    pub poll: Duration,
+    /// A PostgreSQL or MariaDB URL naming an existing database, beside which the run creates its
+    /// own; unset: a SQLite file.
+    #[arg(long)]
+    pub database_url: Option<String>,
+}
+
+const ZH: &[&str] = &[
+    "高并发",
+    "文章",
+    "浏览量",
+    "计数",
+    "缓存",
+    "数据库",
+    "排行榜",
+    "点赞",
+    "关注",
+    "时间线",
+    "系统",
+    "设计",
+    "性能",
+    "优化",
+    "分布式",
+    "队列",
+    "一致性",
+    "索引",
+    "搜索",
+    "用户",
+];
+const EN: &[&str] = &[
+    "counting",
+    "views",
+    "redis",
+    "flusher",
+    "leaderboard",
+    "likes",
+    "feed",
+    "timeline",
+    "cache",
+    "database",
+    "search",
+    "index",
+    "stream",
+    "batch",
+    "latency",
+    "throughput",
+    "replica",
+    "cluster",
+    "shard",
+    "commit",
+];
+const QUERIES: &[&str] = &[
+    "浏览量",
+    "计数",
+    "count",
+    "redis cache",
+    "\"counting views\"",
+    "排行榜 leaderboard",
+    "分布式 一致性",
+    "replicas",
+];
+
+fn text(words: usize) -> String {
+    (0..words)
+        .map(|_| {
+            if rand::random::<bool>() {
+                ZH[rand::random_range(0..ZH.len())]
+            } else {
+                EN[rand::random_range(0..EN.len())]
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn load_articles(db: &DatabaseConnection, count: u64) -> anyhow::Result<()> {
+    let now = pulse::db::now();
+    users::Entity::insert(users::ActiveModel {
+        handle: Set("bench-author".into()),
+        password_hash: Set("x".into()),
+        is_admin: Set(false),
+        created_at: Set(now),
+        ..Default::default()
+    })
+    .exec_without_returning(db)
+    .await?;
+    let author = users::Entity::find()
+        .one(db)
+        .await?
+        .context("no author")?
+        .id;
+    let mut loaded = 0;
+    while loaded < count {
+        let txn = db.begin().await?;
+        for _ in 0..20 {
+            let rows: Vec<articles::ActiveModel> = (0..std::cmp::min(500, count - loaded))
+                .map(|i| articles::ActiveModel {
+                    author_id: Set(author),
+                    title: Set(text(6)),
+                    body: Set(text(60)),
+                    view_count: Set(rand::random_range(0..10_000)),
+                    like_count: Set(rand::random_range(0..1_000)),
+                    created_at: Set(now - chrono::TimeDelta::seconds((count - loaded - i) as i64)),
+                    updated_at: Set(now),
+                    ..Default::default()
+                })
+                .collect();
+            loaded += rows.len() as u64;
+            if rows.is_empty() {
+                break;
+            }
+            articles::Entity::insert_many(rows)
+                .exec_without_returning(&txn)
+                .await?;
+        }
+        txn.commit().await?;
+    }
+    Ok(())
+}
+
+fn dir_size(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.metadata().ok())
+        .filter(|meta| meta.is_file())
+        .map(|meta| meta.len())
+        .sum()
+}
+
+/// Queries at `rate` for `duration`; latencies in µs from each query's scheduled start.
+async fn query_phase(
+    index: &EmbeddedIndex,
+    rate: f64,
+    duration: Duration,
+) -> (Histogram<u64>, u64) {
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    let mut n = 0usize;
+    while started.elapsed() < duration {
+        let scheduled = started + interval * n as u32;
+        tokio::time::sleep_until(scheduled.into()).await;
+        let index = index.clone();
+        let query =
+            SearchQuery::parse(QUERIES[n % QUERIES.len()]).expect("the bench's queries parse");
+        let sort = [Sort::Relevance, Sort::Views, Sort::Newest][n % 3];
+        tasks.push(tokio::task::spawn_blocking(move || {
+            let hits = index
+                .search(&Search {
+                    query: &query,
+                    sort,
+                    author: None,
+                    since: None,
+                    until: None,
+                    limit: 21,
+                    after: None,
+                })
+                .map(|hits| hits.hits.len() as u64)
+                .unwrap_or(0);
+            (scheduled.elapsed(), hits)
+        }));
+        n += 1;
+    }
+    let mut histogram = Histogram::<u64>::new(3).unwrap();
+    let mut hits = 0;
+    for task in tasks {
+        let (latency, found) = task.await.unwrap();
+        histogram.record(latency.as_micros() as u64).ok();
+        hits += found;
+    }
+    let per_query = hits / std::cmp::max(histogram.len(), 1);
+    (histogram, per_query)
+}
+
+fn ms(micros: u64) -> String {
+    format!("{:.2} ms", micros as f64 / 1000.0)
+}
+
+pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
+    let database = BenchDatabase::create(args.database_url.as_deref()).await?;
+    let db = pulse::db::connect(&database.url, Duration::from_secs(30)).await?;
+    pulse::db::migrate(&db).await?;
+    let loading = Instant::now();
+    load_articles(&db, args.articles).await?;
+    let loaded_in = loading.elapsed();
+
+    let dir = std::env::temp_dir().join(format!("pulse-bench-search-{}", crate::random_hex(8)));
+    let index = EmbeddedIndex::open(&dir)?;
+    let settings = IndexerSettings {
+        poll: args.poll,
+        batch: 2_000,
+        gap_window: Duration::from_secs(60),
+        retention: Duration::from_secs(86_400),
+    };
+    let indexer = Indexer::new(db.clone(), Arc::new(index.clone()), settings);
+    let building = Instant::now();
+    indexer.step().await?;
+    let built_in = building.elapsed();
+    let size = dir_size(&dir);
+
+    let (idle, idle_hits) = query_phase(&index, args.query_rate, args.duration).await;
+
+    // The view stream, with the indexer following it as the server's does.
+    let stop = CancellationToken::new();
+    let following = tokio::spawn(indexer.clone().run(stop.clone()));
+    let commits: Arc<std::sync::Mutex<Vec<(i64, Instant)>>> = Arc::default();
+    let writer = {
+        let (db, commits, stop) = (db.clone(), commits.clone(), stop.clone());
+        let (articles, every, total) =
+            (args.batch_articles, args.batch_every, args.articles as i64);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(every);
+            let mut rows = 0u64;
+            while !stop.is_cancelled() {
+                ticker.tick().await;
+                let ids: Vec<i64> = (0..articles)
+                    .map(|_| rand::random_range(1..=total))
+                    .collect();
+                let txn = db.begin().await?;
+                articles::Entity::update_many()
+                    .col_expr(
+                        articles::Column::ViewCount,
+                        Expr::col(articles::Column::ViewCount).add(1),
+                    )
+                    .filter(articles::Column::Id.is_in(ids.iter().copied()))
+                    .exec(&txn)
+                    .await?;
+                pulse::search::outbox::record(&txn, ids.iter().copied()).await?;
+                let (last, _) = pulse::search::outbox::high_marks(&txn, pulse::db::now()).await?;
+                txn.commit().await?;
+                commits.lock().unwrap().push((last, Instant::now()));
+                rows += ids.len() as u64;
+            }
+            anyhow::Ok(rows)
+        })
+    };
+    let freshness = {
+        let (index, commits, stop) = (index.clone(), commits.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut histogram = Histogram::<u64>::new(3).unwrap();
+            loop {
+                let through = index.applied().await?.map_or(0, |applied| applied.through);
+                let now = Instant::now();
+                commits.lock().unwrap().retain(|(last, at)| {
+                    let applied = *last <= through;
+                    if applied {
+                        histogram.record((now - *at).as_micros() as u64).ok();
+                    }
+                    !applied
+                });
+                if stop.is_cancelled() && commits.lock().unwrap().is_empty() {
+                    return anyhow::Ok(histogram);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let streaming = Instant::now();
+    let (loaded, loaded_hits) = query_phase(&index, args.query_rate, args.duration).await;
+    stop.cancel();
+    let written = writer.await??;
+    let stream_secs = streaming.elapsed().as_secs_f64();
+    let fresh = freshness.await??;
+    following.await?;
+    indexer.step().await?;
+    let sql: Vec<_> = articles::Entity::find()
+        .order_by_asc(articles::Column::Id)
+        .all(&db)
+        .await?
+        .iter()
+        .map(document)
+        .collect();
+    let equal = index.all_documents()? == sql;
+
+    print_table(
+        &format!(
+            "pulse-bench search: {} articles on {}, embedded index, query rate {}/s",
+            thousands(args.articles as f64),
+            database.backend(),
+            args.query_rate
+        ),
+        &[
+            (
+                "SQL load (not the index)",
+                format!("{:.1} s", loaded_in.as_secs_f64()),
+            ),
+            (
+                "replica built from SQL",
+                format!("{:.1} s", built_in.as_secs_f64()),
+            ),
+            (
+                "build rate",
+                format!(
+                    "{} articles/s",
+                    thousands(args.articles as f64 / built_in.as_secs_f64())
+                ),
+            ),
+            (
+                "index size",
+                format!("{:.1} MiB", size as f64 / crate::report::MIB),
+            ),
+            (
+                "queries idle p50 / p99",
+                format!(
+                    "{} / {}",
+                    ms(idle.value_at_quantile(0.5)),
+                    ms(idle.value_at_quantile(0.99))
+                ),
+            ),
+            ("queries idle max", ms(idle.max())),
+            ("hits per query (of 21)", idle_hits.to_string()),
+            (
+                "view stream",
+                format!(
+                    "{} articles every {:?}: {} outbox rows/s",
+                    args.batch_articles,
+                    args.batch_every,
+                    thousands(written as f64 / stream_secs)
+                ),
+            ),
+            (
+                "queries under stream p50 / p99",
+                format!(
+                    "{} / {}",
+                    ms(loaded.value_at_quantile(0.5)),
+                    ms(loaded.value_at_quantile(0.99))
+                ),
+            ),
+            ("hits per query under stream", loaded_hits.to_string()),
+            (
+                "freshness p50 / p99 / max",
+                format!(
+                    "{} / {} / {} (batch commit to replica commit, poll {:?})",
+                    ms(fresh.value_at_quantile(0.5)),
+                    ms(fresh.value_at_quantile(0.99)),
+                    ms(fresh.max()),
+                    args.poll
+                ),
+            ),
+            ("replica equals SQL after", equal.to_string()),
+        ],
+    );
+    drop(index);
+    std::fs::remove_dir_all(&dir).ok();
+    db.close().await.ok();
+    database.remove().await?;
+    anyhow::ensure!(equal, "the replica differs from SQL");
+    Ok(())
+}
