@@ -634,4 +634,146 @@ mod tests {
         assert!(request.query.is_empty());
         assert!(request.extensions.contains_key("persistedQuery"));
     }
+
+    /// Who asks, as the test hook's data says.
+    struct Caller(&'static str);
+
+    struct Query;
+
+    #[async_graphql::Object]
+    impl Query {
+        async fn caller(&self, context: &async_graphql::Context<'_>) -> &'static str {
+            context.data_unchecked::<Caller>().0
+        }
+    }
+
+    type TinySchema = async_graphql::Schema<
+        Query,
+        async_graphql::EmptyMutation,
+        async_graphql::EmptySubscription,
+    >;
+
+    /// Admits `Authorization: alice` as a private caller and an anonymous request, refuses any
+    /// other credentials with a 401.
+    struct Hook;
+
+    #[async_trait::async_trait]
+    impl RequestHook for Hook {
+        async fn http(&self, head: &Parts) -> Result<Admitted, Refusal> {
+            let (caller, private) = match head.headers.get(header::AUTHORIZATION) {
+                None => ("anonymous", false),
+                Some(value) if value == "alice" => ("alice", true),
+                Some(_) => {
+                    return Err(Refusal {
+                        status: StatusCode::UNAUTHORIZED,
+                        error: async_graphql::Error::new("who?")
+                            .extend_with(|_, e| e.set("code", "UNAUTHENTICATED")),
+                    });
+                }
+            };
+            let mut data = Data::default();
+            data.insert(Caller(caller));
+            Ok(Admitted { data, private })
+        }
+
+        fn websocket(&self, _: &Parts) -> Result<SocketAdmission, Refusal> {
+            Ok(SocketAdmission::new(|_| async { Ok(Data::default()) }))
+        }
+    }
+
+    fn router(body_timeout: Duration) -> Router {
+        let schema = TinySchema::new(
+            Query,
+            async_graphql::EmptyMutation,
+            async_graphql::EmptySubscription,
+        );
+        let settings = Settings {
+            max_body_bytes: 1024,
+            body_timeout,
+            websocket_init_timeout: Duration::from_secs(5),
+            shutdown: CancellationToken::new(),
+            server_failure: |_| None,
+        };
+        Endpoint::new(schema, Hook, settings).routes("/graphql", "/graphql/ws")
+    }
+
+    async fn send(
+        router: Router,
+        request: Request<Body>,
+    ) -> (StatusCode, HeaderMap, serde_json::Value) {
+        use tower::ServiceExt as _;
+        let response = router.oneshot(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        (
+            parts.status,
+            parts.headers,
+            serde_json::from_slice(&body).unwrap(),
+        )
+    }
+
+    fn get_caller(authorization: Option<&str>) -> Request<Body> {
+        let mut request = Request::get("/graphql?query=%7Bcaller%7D");
+        if let Some(authorization) = authorization {
+            request = request.header(header::AUTHORIZATION, authorization);
+        }
+        request.body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_hooks_data_reaches_the_resolvers_and_a_private_answer_is_not_cached() {
+        let (status, headers, body) = send(router(Duration::from_secs(5)), get_caller(None)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["data"]["caller"], "anonymous");
+        assert_eq!(headers[header::VARY], "Accept, Authorization");
+        assert!(headers.get(header::CACHE_CONTROL).is_none());
+
+        let (status, headers, body) =
+            send(router(Duration::from_secs(5)), get_caller(Some("alice"))).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["data"]["caller"], "alice");
+        assert_eq!(headers[header::CACHE_CONTROL], "private, no-store");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_of_the_hook_is_answered_with_its_status_before_anything_runs() {
+        let (status, _, body) =
+            send(router(Duration::from_secs(5)), get_caller(Some("mallory"))).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(body["errors"][0]["message"], "who?");
+        assert_eq!(body["errors"][0]["extensions"]["code"], "UNAUTHENTICATED");
+        assert!(body.get("data").is_none(), "{body}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_is_a_408_that_closes_the_connection() {
+        let never = futures_util::stream::pending::<Result<Bytes, std::io::Error>>();
+        let request = Request::post("/graphql")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(never))
+            .unwrap();
+        let (status, headers, body) = send(router(Duration::from_millis(50)), request).await;
+        assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(headers[header::CONNECTION], "close");
+        assert_eq!(
+            body["errors"][0]["message"],
+            "the request body did not arrive within 50ms"
+        );
+        assert_eq!(body["errors"][0]["extensions"]["code"], "BAD_USER_INPUT");
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_a_413_naming_both_sizes() {
+        let request = Request::post("/graphql")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_LENGTH, "2048")
+            .body(Body::from(vec![b' '; 2048]))
+            .unwrap();
+        let (status, _, body) = send(router(Duration::from_secs(5)), request).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            body["errors"][0]["message"],
+            "request body of 2048 bytes exceeds the limit of 1024 bytes"
+        );
+    }
 }
