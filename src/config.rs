@@ -375,8 +375,9 @@ pub struct Config {
     #[arg(long, global = true, env = "PULSE_FEED_RELAY_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub feed_relay_interval: Duration,
 
-    /// Directory of this process's search replica (an embedded Tantivy index, rebuilt from SQL
-    /// when missing). Each process needs its own. Unset: `search` in the data dir.
+    /// Where this process keeps its search replica (an embedded Tantivy index, rebuilt from SQL
+    /// when missing): the first `replica-N` in it that no other process holds. Unset: `search`
+    /// in the data dir.
     #[arg(long, global = true, env = "PULSE_SEARCH_DIR")]
     pub search_dir: Option<PathBuf>,
 

@@ -7,7 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -227,6 +227,15 @@ impl Snapshots {
     }
 }
 
+fn held_by_another_process(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<tantivy::TantivyError>(),
+            Some(tantivy::TantivyError::LockFailure(..))
+        )
+    })
+}
+
 /// The embedded index of this process.
 #[derive(Clone)]
 pub struct EmbeddedIndex {
@@ -237,7 +246,31 @@ pub struct EmbeddedIndex {
     snapshots: Arc<Mutex<Snapshots>>,
 }
 
+/// Replicas one search dir may hold: processes that share a data dir (several API processes on
+/// one host with the same defaults) each take the first replica no other process holds, rather
+/// than the second of them serving no search.
+pub const MAX_REPLICAS_PER_DIR: usize = 8;
+
 impl EmbeddedIndex {
+    /// Opens the first replica under `dir` (`replica-0`, `replica-1`, …) that no other process
+    /// holds, creating it when missing; a process restarting takes its old one back (the lowest
+    /// free) and resumes from its last commit. Returns the replica's directory too.
+    pub fn open_replica(dir: &Path) -> anyhow::Result<(Self, PathBuf)> {
+        for n in 0..MAX_REPLICAS_PER_DIR {
+            let replica = dir.join(format!("replica-{n}"));
+            match Self::open(&replica) {
+                Ok(index) => return Ok((index, replica)),
+                Err(err) if held_by_another_process(&err) => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        anyhow::bail!(
+            "every one of the {MAX_REPLICAS_PER_DIR} search replicas in {} is held by another \
+             process; give this one a PULSE_SEARCH_DIR of its own",
+            dir.display()
+        )
+    }
+
     /// Opens (or creates) the index in `dir`. Fails when another process holds it: each process
     /// keeps its own replica in its own directory.
     pub fn open(dir: &Path) -> anyhow::Result<Self> {

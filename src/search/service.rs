@@ -71,11 +71,13 @@ impl SearchService {
         }
     }
 
-    /// Opens this process's replica and starts its indexer. A directory another process holds
-    /// leaves this one without search (`UNAVAILABLE`), loudly, rather than without the rest.
+    /// Opens this process's replica (see [`EmbeddedIndex::open_replica`]) and starts its indexer.
+    /// A replica that cannot be opened leaves this process without search, loudly, rather than
+    /// without the rest.
     pub fn start(&self, tasks: &TaskTracker, shutdown: &CancellationToken) {
-        match EmbeddedIndex::open(&self.dir) {
-            Ok(index) => {
+        match EmbeddedIndex::open_replica(&self.dir) {
+            Ok((index, dir)) => {
+                tracing::info!(dir = %dir.display(), "search replica opened");
                 let index = self.replica.get_or_init(|| index).clone();
                 let indexer = Indexer::new(self.db.clone(), Arc::new(index), self.settings);
                 tasks.spawn(indexer.run(shutdown.clone()));

@@ -514,6 +514,19 @@ impl DocumentStore for DiesBeforeCommit {
     }
 }
 
+#[test]
+fn processes_sharing_a_search_dir_each_take_a_replica_and_a_restart_takes_its_own_back() {
+    let dir = std::env::temp_dir().join(format!("pulse-search-shared-{}", unique_suffix()));
+    let (first, first_dir) = EmbeddedIndex::open_replica(&dir).unwrap();
+    let (second, second_dir) = EmbeddedIndex::open_replica(&dir).unwrap();
+    assert_eq!(first_dir, dir.join("replica-0"));
+    assert_eq!(second_dir, dir.join("replica-1"));
+    drop(first);
+    let (_restarted, restarted_dir) = EmbeddedIndex::open_replica(&dir).unwrap();
+    assert_eq!(restarted_dir, dir.join("replica-0"));
+    drop(second);
+}
+
 #[tokio::test]
 async fn a_replica_killed_between_staging_and_commit_resumes_at_its_last_commit() {
     let app = app_stepped_by_hand().await;
@@ -871,7 +884,7 @@ async fn a_server_killed_during_a_load_leaves_a_replica_that_resumes_to_equal_sq
         gap_window: Duration::from_secs(60),
         retention: Duration::from_secs(86_400),
     };
-    let index = EmbeddedIndex::open(&config.search_dir()).unwrap();
+    let index = EmbeddedIndex::open(&config.search_dir().join("replica-0")).unwrap();
     let indexer = Indexer::new(db.clone(), Arc::new(index.clone()), settings);
     let at_kill = applied(&indexer).await;
     let last = search_outbox::Entity::find()
