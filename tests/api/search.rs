@@ -1,6 +1,6 @@
 //! `searchArticles` and the search index as a projection of SQL: what queries find, sorts, filters
-//! and cursors, bad input, and the indexer's exactly-once position (out-of-order outbox ids, a
-//! crash between staging and commit, a restart, replicas sharing a search dir). Real server
+//! and cursors, freshness, bad input, and the indexer's exactly-once position (out-of-order outbox
+//! ids, a crash between staging and commit, a restart, replicas sharing a search dir). Real server
 //! processes: `search_processes.rs`.
 
 use std::sync::Arc;
@@ -14,7 +14,9 @@ use sea_orm::{
 };
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, article_row, error_code, eventually, unique_suffix};
+use crate::helpers::{
+    TestApp, article_row, error_code, eventually, eventually_within, unique_suffix,
+};
 use crate::likes::LIKE;
 use crate::views::{BROWSER, app_behind_proxy, flusher, record};
 
@@ -361,6 +363,50 @@ async fn the_index_equals_sql_field_by_field_after_publish_edit_views_and_likes(
     assert_eq!((docs[1].view_count, docs[1].like_count), (1, 1));
     assert_eq!(found(&app, "final").await, [first]);
     assert!(found(&app, "draft").await.is_empty());
+}
+
+/// How soon a published article must be searchable, and a flushed view be in `sort: VIEWS` after
+/// the flush interval (issue 24).
+const FRESH: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn a_published_article_is_searchable_within_two_seconds() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("prompt").await;
+    let article = publish(&app, &token, "freshly published words", "x").await;
+    eventually_within(FRESH, "the published article is found", async || {
+        found(&app, "freshly").await == one(&article)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_flushed_view_reorders_the_views_sort_within_the_flush_interval_and_two_seconds() {
+    let flush_interval = Duration::from_millis(500);
+    let app = TestApp::spawn_with(|config| {
+        config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+        config.view_flush_interval = flush_interval;
+    })
+    .await;
+    let (token, _) = app.sign_up("viewed").await;
+    let older = publish(&app, &token, "fresh views", "older").await;
+    let newer = publish(&app, &token, "fresh views", "newer").await;
+    caught_up(&app).await;
+    let by_views =
+        async || ids_of(&search(&app, json!({ "q": "fresh views", "sort": "VIEWS" })).await);
+    assert_eq!(
+        by_views().await,
+        [newer.clone(), older.clone()],
+        "ties go to the newer"
+    );
+    let viewed = record(&app, &older, "10.3.0.1", BROWSER).await;
+    assert_eq!(viewed["data"]["recordView"]["counted"], true, "{viewed}");
+    eventually_within(
+        flush_interval + FRESH,
+        "the viewed article leads the views sort",
+        async || by_views().await == [older.clone(), newer.clone()],
+    )
+    .await;
 }
 
 #[tokio::test]
