@@ -17,13 +17,23 @@ pub const PASSWORD: &str = "correct horse battery";
 
 /// Polls `condition` every 20 ms until it holds, and fails the test with `what` after 30 s: how a
 /// test waits for what the app does in the background, instead of sleeping a guessed while.
-pub async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
+pub async fn eventually(what: &str, condition: impl AsyncFnMut() -> bool) {
+    eventually_within(Duration::from_secs(30), what, condition).await;
+}
+
+/// [`eventually`] with a deadline the app promises (a freshness bound): fails the test with
+/// `what` unless `condition` holds when asked before `limit` has passed.
+pub async fn eventually_within(
+    limit: Duration,
+    what: &str,
+    mut condition: impl AsyncFnMut() -> bool,
+) {
+    let started = tokio::time::Instant::now();
+    loop {
+        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
+        if condition().await {
+            return;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

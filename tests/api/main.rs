@@ -27,6 +27,7 @@ mod private_redis;
 mod readme;
 mod rollback;
 mod search;
+mod search_processes;
 mod sql_input;
 mod subscriptions;
 mod validated_documents;
