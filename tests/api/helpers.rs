@@ -409,6 +409,25 @@ pub async fn stored_article(state: &AppState, global: &str) -> pulse::entities::
         .expect("the article exists")
 }
 
+/// Casts two votes for `option` and reads the dashboard on `socket` until its leader has both,
+/// returning that snapshot: the two announcements may come as one coalesced snapshot or as two.
+pub async fn two_votes_lead(
+    app: &TestApp,
+    socket: &mut crate::subscriptions::Socket,
+    poll: i64,
+    option: i64,
+) -> Value {
+    use crate::votes_live::{snapshot, vote};
+    vote(app, poll, option).await;
+    vote(app, poll, option).await;
+    loop {
+        let update = snapshot(socket).await;
+        if update["entries"][0]["score"] == 2.0 {
+            return update;
+        }
+    }
+}
+
 /// The `extensions.code` of a response's first error.
 pub fn error_code(response: &Value) -> &str {
     response["errors"][0]["extensions"]["code"]
