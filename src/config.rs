@@ -341,6 +341,11 @@ pub struct Config {
     /// subscribers (per board per process, however many subscribers and votes).
     #[arg(long, global = true, env = "PULSE_LEADERBOARD_TICK", default_value = "250ms", value_parser = humantime::parse_duration)]
     pub leaderboard_tick: Duration,
+
+    /// Most events a resumed `feedItemAdded` or `articlePublished` (`after:` a cursor) replays; a
+    /// client further behind is sent `RESYNC_REQUIRED` and re-reads instead.
+    #[arg(long, global = true, env = "PULSE_REPLAY_LIMIT", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub replay_limit: u32,
     /// Most items a feed inbox (and an author's outbox) keeps; trimmed on every write. Reads past
     /// it continue from SQL.
     #[arg(long, global = true, env = "PULSE_FEED_CAP", default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=100_000))]

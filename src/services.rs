@@ -207,6 +207,7 @@ impl Services {
             redis.clone(),
             hub.clone(),
             Relay::new(feed_store.clone()),
+            config.replay_limit,
         );
         let follows =
             FollowService::new(db.clone()).with_listener(Arc::new(FollowHook(feed_store.clone())));
