@@ -45,8 +45,9 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// How long a request body may take to arrive once the headers are in.
     pub body_timeout: Duration,
-    /// How long a websocket may take to send `connection_init`.
-    pub ws_init_timeout: Duration,
+    /// How each websocket is bounded: init timeout, pings, operations, private fields.
+    pub websocket: crate::http::websocket::Settings,
+    pub sockets_per_ip: crate::http::sockets_per_ip::SocketsPerIp,
     /// Cancelled when the server stops, so that websockets close with "going away".
     pub shutdown: CancellationToken,
 }
@@ -162,7 +163,16 @@ impl App {
             metrics: crate::telemetry::metrics_handle(),
             max_body_bytes: config.max_body_bytes,
             body_timeout: config.http_body_timeout,
-            ws_init_timeout: config.ws_init_timeout,
+            websocket: crate::http::websocket::Settings {
+                init_timeout: config.ws_init_timeout,
+                ping_interval: config.ws_ping_interval,
+                pong_timeout: config.ws_pong_timeout,
+                max_subscriptions: config.ws_max_subscriptions as usize,
+                viewer_fields: schema::reads_viewer,
+            },
+            sockets_per_ip: crate::http::sockets_per_ip::SocketsPerIp::new(
+                config.max_sockets_per_ip,
+            ),
             shutdown: shutdown.clone(),
         };
         let router = crate::http::router(state.clone(), crate::http::cors(&config.cors_origins)?);

@@ -251,6 +251,34 @@ pub struct Config {
     #[arg(long, global = true, env = "PULSE_WS_INIT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub ws_init_timeout: Duration,
 
+    /// How often the server pings an open websocket (`ping` on graphql-transport-ws; `ka` and a
+    /// websocket Ping frame on the legacy protocol); `0s`: never.
+    #[arg(long, global = true, env = "PULSE_WS_PING_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub ws_ping_interval: Duration,
+
+    /// How long after a ping a websocket may stay silent before it is closed (3008).
+    #[arg(long, global = true, env = "PULSE_WS_PONG_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ws_pong_timeout: Duration,
+
+    /// Operations one websocket may run at once; one more closes it (1008).
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_WS_MAX_SUBSCRIPTIONS",
+        default_value_t = 100
+    )]
+    pub ws_max_subscriptions: u32,
+
+    /// Websockets one client address may hold open at once (`0`: no cap); one more is refused
+    /// before the upgrade with 429 `RATE_LIMITED`.
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_MAX_SOCKETS_PER_IP",
+        default_value_t = 512
+    )]
+    pub max_sockets_per_ip: u32,
+
     /// Sign-in and sign-up attempts allowed per client IP per minute (0: unlimited).
     #[arg(
         long,
@@ -492,6 +520,8 @@ mod tests {
         assert_eq!(config.http_body_timeout, Duration::from_secs(30));
         assert_eq!(config.max_connections, 4096);
         assert_eq!(config.ws_init_timeout, Duration::from_secs(10));
+        assert_eq!(config.ws_ping_interval, Duration::from_secs(15));
+        assert_eq!(config.max_sockets_per_ip, 512);
         assert_eq!(config.redis_probe.to_string(), "127.0.0.1:6379");
     }
 }

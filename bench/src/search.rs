@@ -3,12 +3,15 @@
 //!
 //! 1. Load `--articles` articles into a fresh SQL database (mixed Chinese and English text).
 //! 2. Build a replica from SQL (the indexer's rebuild): time, and the index's size on disk.
-//! 3. Queries at a fixed rate (Chinese, English, two words, a phrase; relevance, views, newest):
-//!    latency from each query's scheduled start, so a slow one delays the count, not the schedule.
+//! 3. Queries at a fixed rate, every common shape (a Chinese word, an English word, two words, a
+//!    phrase, Chinese and English) under every sort (relevance, views, newest) in turn: latency
+//!    from each query's scheduled start, so a slow one delays the count, not the schedule; p50/p99
+//!    per shape and per sort.
 //! 4. View flush batches stream in (`--batch-articles` articles each, every `--batch-every`, each
 //!    an SQL transaction with its outbox rows) while the indexer follows and the queries go on:
-//!    rows applied per second, freshness (a batch's commit to its replica commit), query latency
-//!    under that load, and that the replica equals SQL afterwards.
+//!    documents the indexer wrote per second (and per second of its own busy time, its ceiling),
+//!    freshness (a batch's commit to its replica commit), query latency under that load, and that
+//!    the replica equals SQL afterwards.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -100,15 +103,18 @@ const EN: &[&str] = &[
     "shard",
     "commit",
 ];
-const QUERIES: &[&str] = &[
-    "浏览量",
-    "计数",
-    "count",
-    "redis cache",
-    "\"counting views\"",
-    "排行榜 leaderboard",
-    "分布式 一致性",
-    "replicas",
+/// The common query shapes, each with the queries that stand for it.
+const SHAPES: &[(&str, &[&str])] = &[
+    ("a Chinese word", &["浏览量", "计数"]),
+    ("an English word (stemmed)", &["count", "replicas"]),
+    ("two words", &["redis cache", "分布式 一致性"]),
+    ("a phrase", &["\"counting views\""]),
+    ("Chinese and English", &["排行榜 leaderboard"]),
+];
+const SORTS: [(&str, Sort); 3] = [
+    ("RELEVANCE", Sort::Relevance),
+    ("VIEWS", Sort::Views),
+    ("NEWEST", Sort::Newest),
 ];
 
 fn text(words: usize) -> String {
@@ -180,12 +186,22 @@ fn dir_size(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
-/// Queries at `rate` for `duration`; latencies in µs from each query's scheduled start.
-async fn query_phase(
-    index: &EmbeddedIndex,
-    rate: f64,
-    duration: Duration,
-) -> (Histogram<u64>, u64) {
+/// One query phase's latencies in µs, from each query's scheduled start.
+struct Latencies {
+    all: Histogram<u64>,
+    by_shape: Vec<Histogram<u64>>,
+    by_sort: Vec<Histogram<u64>>,
+    /// Hits per query, on average (of the 21 asked for).
+    hits: u64,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new(3).expect("3 significant figures are valid")
+}
+
+/// Queries at `rate` for `duration`: query n has shape n mod the shapes, and the sort after it,
+/// so every shape meets every sort.
+async fn query_phase(index: &EmbeddedIndex, rate: f64, duration: Duration) -> Latencies {
     let interval = Duration::from_secs_f64(1.0 / rate);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -194,14 +210,16 @@ async fn query_phase(
         let scheduled = started + interval * n as u32;
         tokio::time::sleep_until(scheduled.into()).await;
         let index = index.clone();
-        let query =
-            SearchQuery::parse(QUERIES[n % QUERIES.len()]).expect("the bench's queries parse");
-        let sort = [Sort::Relevance, Sort::Views, Sort::Newest][n % 3];
+        let shape = n % SHAPES.len();
+        let sort = (n / SHAPES.len()) % SORTS.len();
+        let queries = SHAPES[shape].1;
+        let text = queries[(n / (SHAPES.len() * SORTS.len())) % queries.len()];
+        let query = SearchQuery::parse(text).expect("the bench's queries parse");
         tasks.push(tokio::task::spawn_blocking(move || {
             let hits = index
                 .search(&Search {
                     query: &query,
-                    sort,
+                    sort: SORTS[sort].1,
                     author: None,
                     since: None,
                     until: None,
@@ -210,19 +228,71 @@ async fn query_phase(
                 })
                 .map(|hits| hits.hits.len() as u64)
                 .unwrap_or(0);
-            (scheduled.elapsed(), hits)
+            (shape, sort, scheduled.elapsed(), hits)
         }));
         n += 1;
     }
-    let mut histogram = Histogram::<u64>::new(3).unwrap();
-    let mut hits = 0;
+    let mut latencies = Latencies {
+        all: histogram(),
+        by_shape: SHAPES.iter().map(|_| histogram()).collect(),
+        by_sort: SORTS.iter().map(|_| histogram()).collect(),
+        hits: 0,
+    };
     for task in tasks {
-        let (latency, found) = task.await.unwrap();
-        histogram.record(latency.as_micros() as u64).ok();
-        hits += found;
+        let (shape, sort, latency, found) = task.await.unwrap();
+        let micros = latency.as_micros() as u64;
+        latencies.all.record(micros).ok();
+        latencies.by_shape[shape].record(micros).ok();
+        latencies.by_sort[sort].record(micros).ok();
+        latencies.hits += found;
     }
-    let per_query = hits / std::cmp::max(histogram.len(), 1);
-    (histogram, per_query)
+    latencies.hits /= std::cmp::max(latencies.all.len(), 1);
+    latencies
+}
+
+fn p50_p99(histogram: &Histogram<u64>) -> String {
+    format!(
+        "{} / {}",
+        ms(histogram.value_at_quantile(0.5)),
+        ms(histogram.value_at_quantile(0.99))
+    )
+}
+
+/// What the indexer did while following the view stream, until it had applied all of it.
+#[derive(Default)]
+struct Followed {
+    documents: usize,
+    /// From the stream's start until the last of it was applied.
+    elapsed: Duration,
+    /// Time spent in steps that applied rows: the documents over it are the indexer's ceiling.
+    busy: Duration,
+}
+
+/// The indexer following the outbox as `Indexer::run` does (a step every `poll`, at once while
+/// rows wait), counting the documents each step wrote and the time the steps that wrote took,
+/// until a step finds nothing left once `streamed` is cancelled.
+async fn follow(
+    indexer: Indexer,
+    poll: Duration,
+    streamed: CancellationToken,
+) -> anyhow::Result<Followed> {
+    let mut followed = Followed::default();
+    let following = Instant::now();
+    loop {
+        let started = Instant::now();
+        let stepped = indexer.step().await?;
+        if stepped.rows == 0 && streamed.is_cancelled() {
+            followed.elapsed = following.elapsed();
+            return Ok(followed);
+        }
+        if stepped.rows > 0 {
+            followed.busy += started.elapsed();
+            followed.documents += stepped.documents;
+        }
+        if !stepped.more {
+            tokio::time::sleep(poll).await;
+        }
+    }
 }
 
 fn ms(micros: u64) -> String {
@@ -251,11 +321,13 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
     let built_in = building.elapsed();
     let size = dir_size(&dir);
 
-    let (idle, idle_hits) = query_phase(&index, args.query_rate, args.duration).await;
+    let idle = query_phase(&index, args.query_rate, args.duration).await;
 
-    // The view stream, with the indexer following it as the server's does.
+    // The view stream, with the indexer following it as the server's does until the stream has
+    // stopped and every batch is applied.
     let stop = CancellationToken::new();
-    let following = tokio::spawn(indexer.clone().run(stop.clone()));
+    let streamed = CancellationToken::new();
+    let following = tokio::spawn(follow(indexer.clone(), args.poll, streamed.clone()));
     let commits: Arc<std::sync::Mutex<Vec<(i64, Instant)>>> = Arc::default();
     let writer = {
         let (db, commits, stop) = (db.clone(), commits.clone(), stop.clone());
@@ -288,9 +360,9 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         })
     };
     let freshness = {
-        let (index, commits, stop) = (index.clone(), commits.clone(), stop.clone());
+        let (index, commits, streamed) = (index.clone(), commits.clone(), streamed.clone());
         tokio::spawn(async move {
-            let mut histogram = Histogram::<u64>::new(3).unwrap();
+            let mut histogram = histogram();
             loop {
                 let through = index.applied().await?.map_or(0, |applied| applied.through);
                 let now = Instant::now();
@@ -301,7 +373,7 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
                     }
                     !applied
                 });
-                if stop.is_cancelled() && commits.lock().unwrap().is_empty() {
+                if streamed.is_cancelled() && commits.lock().unwrap().is_empty() {
                     return anyhow::Ok(histogram);
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -309,13 +381,13 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         })
     };
     let streaming = Instant::now();
-    let (loaded, loaded_hits) = query_phase(&index, args.query_rate, args.duration).await;
+    let loaded = query_phase(&index, args.query_rate, args.duration).await;
     stop.cancel();
     let written = writer.await??;
     let stream_secs = streaming.elapsed().as_secs_f64();
+    streamed.cancel();
+    let followed = following.await??;
     let fresh = freshness.await??;
-    following.await?;
-    indexer.step().await?;
     let sql: Vec<_> = articles::Entity::find()
         .order_by_asc(articles::Column::Id)
         .all(&db)
@@ -325,6 +397,97 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         .collect();
     let equal = index.all_documents()? == sql;
 
+    let mut rows = vec![
+        (
+            "SQL load (not the index)".to_owned(),
+            format!("{:.1} s", loaded_in.as_secs_f64()),
+        ),
+        (
+            "replica built from SQL".to_owned(),
+            format!("{:.1} s", built_in.as_secs_f64()),
+        ),
+        (
+            "build rate".to_owned(),
+            format!(
+                "{} articles/s",
+                thousands(args.articles as f64 / built_in.as_secs_f64())
+            ),
+        ),
+        (
+            "index size".to_owned(),
+            format!("{:.1} MiB", size as f64 / crate::report::MIB),
+        ),
+        (
+            "queries p50 / p99: idle | under stream".to_owned(),
+            format!("{} | {}", p50_p99(&idle.all), p50_p99(&loaded.all)),
+        ),
+    ];
+    for (shape, (name, _)) in SHAPES.iter().enumerate() {
+        rows.push((
+            format!("  {name}"),
+            format!(
+                "{} | {}",
+                p50_p99(&idle.by_shape[shape]),
+                p50_p99(&loaded.by_shape[shape])
+            ),
+        ));
+    }
+    for (sort, (name, _)) in SORTS.iter().enumerate() {
+        rows.push((
+            format!("  sort {name}"),
+            format!(
+                "{} | {}",
+                p50_p99(&idle.by_sort[sort]),
+                p50_p99(&loaded.by_sort[sort])
+            ),
+        ));
+    }
+    rows.extend([
+        (
+            "queries max: idle | under stream".to_owned(),
+            format!("{} | {}", ms(idle.all.max()), ms(loaded.all.max())),
+        ),
+        (
+            "hits per query (of 21)".to_owned(),
+            format!("{} | {}", idle.hits, loaded.hits),
+        ),
+        (
+            "view stream".to_owned(),
+            format!(
+                "{} articles every {:?}: {} outbox rows/s",
+                args.batch_articles,
+                args.batch_every,
+                thousands(written as f64 / stream_secs)
+            ),
+        ),
+        (
+            "indexing the stream".to_owned(),
+            format!(
+                "{} documents in {:.1} s: {} documents/s; {} per second of the indexer's busy \
+                 time ({:.0}% busy)",
+                thousands(followed.documents as f64),
+                followed.elapsed.as_secs_f64(),
+                thousands(followed.documents as f64 / followed.elapsed.as_secs_f64()),
+                thousands(followed.documents as f64 / followed.busy.as_secs_f64().max(1e-9)),
+                100.0 * followed.busy.as_secs_f64() / followed.elapsed.as_secs_f64()
+            ),
+        ),
+        (
+            "freshness p50 / p99 / max".to_owned(),
+            format!(
+                "{} / {} / {} (batch commit to replica commit, poll {:?})",
+                ms(fresh.value_at_quantile(0.5)),
+                ms(fresh.value_at_quantile(0.99)),
+                ms(fresh.max()),
+                args.poll
+            ),
+        ),
+        ("replica equals SQL after".to_owned(), equal.to_string()),
+    ]);
+    let rows: Vec<(&str, String)> = rows
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.clone()))
+        .collect();
     print_table(
         &format!(
             "pulse-bench search: {} articles on {}, embedded index, query rate {}/s",
@@ -332,66 +495,7 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
             database.backend(),
             args.query_rate
         ),
-        &[
-            (
-                "SQL load (not the index)",
-                format!("{:.1} s", loaded_in.as_secs_f64()),
-            ),
-            (
-                "replica built from SQL",
-                format!("{:.1} s", built_in.as_secs_f64()),
-            ),
-            (
-                "build rate",
-                format!(
-                    "{} articles/s",
-                    thousands(args.articles as f64 / built_in.as_secs_f64())
-                ),
-            ),
-            (
-                "index size",
-                format!("{:.1} MiB", size as f64 / crate::report::MIB),
-            ),
-            (
-                "queries idle p50 / p99",
-                format!(
-                    "{} / {}",
-                    ms(idle.value_at_quantile(0.5)),
-                    ms(idle.value_at_quantile(0.99))
-                ),
-            ),
-            ("queries idle max", ms(idle.max())),
-            ("hits per query (of 21)", idle_hits.to_string()),
-            (
-                "view stream",
-                format!(
-                    "{} articles every {:?}: {} outbox rows/s",
-                    args.batch_articles,
-                    args.batch_every,
-                    thousands(written as f64 / stream_secs)
-                ),
-            ),
-            (
-                "queries under stream p50 / p99",
-                format!(
-                    "{} / {}",
-                    ms(loaded.value_at_quantile(0.5)),
-                    ms(loaded.value_at_quantile(0.99))
-                ),
-            ),
-            ("hits per query under stream", loaded_hits.to_string()),
-            (
-                "freshness p50 / p99 / max",
-                format!(
-                    "{} / {} / {} (batch commit to replica commit, poll {:?})",
-                    ms(fresh.value_at_quantile(0.5)),
-                    ms(fresh.value_at_quantile(0.99)),
-                    ms(fresh.max()),
-                    args.poll
-                ),
-            ),
-            ("replica equals SQL after", equal.to_string()),
-        ],
+        &rows,
     );
     drop(index);
     std::fs::remove_dir_all(&dir).ok();

@@ -1,6 +1,6 @@
 //! Signed session tokens (HS256 JWT) with an expiry.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -85,6 +85,12 @@ impl TokenSigner {
 
     /// The user id a token was issued to, if it is genuine and unexpired.
     pub fn verify(&self, token: &str) -> AppResult<i64> {
+        self.verify_until(token).map(|(user, _)| user)
+    }
+
+    /// The user id a token was issued to and when it expires, if it is genuine and unexpired: a
+    /// websocket opened with it ends its private operations then.
+    pub fn verify_until(&self, token: &str) -> AppResult<(i64, SystemTime)> {
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation)
             .map_err(|err| match err.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => {
@@ -92,10 +98,13 @@ impl TokenSigner {
                 }
                 _ => AppError::Unauthenticated("invalid token"),
             })?;
-        data.claims
+        let user = data
+            .claims
             .sub
             .parse()
-            .map_err(|_| AppError::Unauthenticated("invalid token"))
+            .map_err(|_| AppError::Unauthenticated("invalid token"))?;
+        let expires = UNIX_EPOCH + Duration::from_secs(data.claims.exp.max(0) as u64);
+        Ok((user, expires))
     }
 }
 
@@ -111,6 +120,17 @@ mod tests {
     fn a_token_names_its_user() {
         let signer = signer("0123456789abcdef0123456789abcdef");
         assert_eq!(signer.verify(&signer.issue(17).unwrap()).unwrap(), 17);
+    }
+
+    #[test]
+    fn a_token_says_when_it_expires() {
+        let signer = signer("0123456789abcdef0123456789abcdef");
+        let issued_at = chrono::Utc::now().timestamp();
+        let token = signer.issue_at(17, issued_at).unwrap();
+        let (user, expires) = signer.verify_until(&token).unwrap();
+        assert_eq!(user, 17);
+        let expected = UNIX_EPOCH + Duration::from_secs(issued_at as u64 + 3600);
+        assert_eq!(expires, expected);
     }
 
     #[test]

@@ -11,6 +11,13 @@ use crate::services::{Mutation, Query, Services, Subscription};
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 
+/// Whether a field's answer depends on who asks: a live operation that selects one ends when its
+/// socket's token expires (`pulse_edge::websocket`). Such fields are named `viewer…`, apart from
+/// the subscriptions that follow the viewer's own data.
+pub fn reads_viewer(field: &str) -> bool {
+    field.starts_with("viewer") || field == "feedItemAdded"
+}
+
 /// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
 /// within it and cache nothing across requests.
 pub fn attach_request_data(services: &Arc<Services>, data: &mut async_graphql::Data, actor: Actor) {

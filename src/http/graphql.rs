@@ -10,6 +10,7 @@ use axum::extract::ConnectInfo;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use pulse_edge::http::{Admitted, Endpoint, Refusal, RequestHook, Settings, SocketAdmission};
+use pulse_edge::websocket::CredentialsExpire;
 
 use super::assets;
 use super::server::ConnectionSlot;
@@ -52,22 +53,16 @@ fn bearer_token(value: &str) -> Result<&str, AppError> {
     }
 }
 
-fn actor(
-    state: &AppState,
-    peer: SocketAddr,
-    headers: &HeaderMap,
-    token: Option<&str>,
-) -> Result<Actor, AppError> {
-    let user = token.map(|token| state.tokens.verify(token)).transpose()?;
+fn actor(state: &AppState, peer: SocketAddr, headers: &HeaderMap, user: Option<i64>) -> Actor {
     let user_agent = state
         .proxies
         .user_agent(peer, headers)
         .map(|agent| agent.chars().take(512).collect());
-    Ok(Actor {
+    Actor {
         user,
         client_ip: state.proxies.client_ip(peer, headers),
         user_agent,
-    })
+    }
 }
 
 /// The direct peer of a request, which the accept loop puts in every request's extensions.
@@ -97,9 +92,10 @@ struct Callers(Arc<AppState>);
 impl RequestHook for Callers {
     async fn http(&self, head: &Parts) -> Result<Admitted, Refusal> {
         let peer = peer(head)?;
-        let caller = bearer(&head.headers)
-            .and_then(|token| actor(&self.0, peer, &head.headers, token))
+        let user = bearer(&head.headers)
+            .and_then(|token| token.map(|token| self.0.tokens.verify(token)).transpose())
             .map_err(unauthenticated)?;
+        let caller = actor(&self.0, peer, &head.headers, user);
         let private = caller.user.is_some();
         let mut data = Data::default();
         attach_request_data(&self.0.services, &mut data, caller);
@@ -111,6 +107,10 @@ impl RequestHook for Callers {
         let header_token = bearer(&head.headers)
             .map_err(unauthenticated)?
             .map(str::to_owned);
+        let sockets = &self.0.sockets_per_ip;
+        let place = sockets
+            .take(self.0.proxies.client_ip(peer, &head.headers))
+            .ok_or_else(|| too_many_sockets(sockets.cap()))?;
         let slot = head.extensions.get::<ConnectionSlot>().cloned();
         let (state, headers) = (self.0.clone(), head.headers.clone());
         let admission = SocketAdmission::new(move |payload| async move {
@@ -118,16 +118,32 @@ impl RequestHook for Callers {
                 Some(token) => Some(token),
                 None => header_token,
             };
-            let caller =
-                actor(&state, peer, &headers, token.as_deref()).map_err(|err| err.extend())?;
+            let verified = token
+                .map(|token| state.tokens.verify_until(&token))
+                .transpose()
+                .map_err(|err| err.extend())?;
             let mut data = Data::default();
+            if let Some((_, expires)) = verified {
+                data.insert(CredentialsExpire(expires));
+            }
+            let caller = actor(&state, peer, &headers, verified.map(|(user, _)| user));
             attach_request_data(&state.services, &mut data, caller);
             Ok(data)
         });
-        Ok(match slot {
-            Some(slot) => admission.holding(move || slot.websocket()),
-            None => admission,
-        })
+        // The place is taken now, so that upgrades racing each other cannot pass the cap together,
+        // and given back with the socket, or with the admission if the upgrade fails.
+        Ok(admission.holding(move || (place, slot.map(ConnectionSlot::websocket))))
+    }
+}
+
+/// An upgrade past `PULSE_MAX_SOCKETS_PER_IP`: refused before it becomes a socket, so that the
+/// client gets a status and a code it can act on instead of a socket closed at once.
+fn too_many_sockets(cap: u32) -> Refusal {
+    let message = format!("this address already holds {cap} websockets, the most it may");
+    Refusal {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        error: async_graphql::Error::new(message)
+            .extend_with(|_, extensions| extensions.set("code", "RATE_LIMITED")),
     }
 }
 
@@ -136,7 +152,7 @@ pub fn routes(state: Arc<AppState>, path: &str, websocket_path: &str) -> Router<
     let settings = Settings {
         max_body_bytes: state.max_body_bytes,
         body_timeout: state.body_timeout,
-        websocket_init_timeout: state.ws_init_timeout,
+        websocket: state.websocket.clone(),
         shutdown: state.shutdown.clone(),
         server_failure,
     };

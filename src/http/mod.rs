@@ -5,6 +5,7 @@ pub mod client_ip;
 mod graphql;
 mod ops;
 pub mod server;
+pub mod sockets_per_ip;
 
 use std::sync::Arc;
 use std::time::Duration;

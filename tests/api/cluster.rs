@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use pulse::keys::VIEW_SHARDS;
 
-use crate::helpers::{TestApp, article_row, eventually, unique_suffix};
+use crate::helpers::{TestApp, article_row, eventually, two_votes_lead, unique_suffix};
 use crate::likes_reads::{next_stats, watch_stats};
 use crate::views::{BROWSER, distinct_ip, flusher, record, sql_view_count, view_count};
 use pulse::keys::ViewKeys;
@@ -429,13 +429,6 @@ async fn a_leaderboard_is_heard_at_its_slots_master_only_and_again_after_that_ma
         app.state.redis.ping().await.is_ok()
     })
     .await;
-    vote(&app, poll, options[0]).await;
-    vote(&app, poll, options[0]).await;
-    let update = loop {
-        let update = snapshot(&mut socket).await;
-        if update["entries"][0]["score"] == 2.0 {
-            break update;
-        }
-    };
+    let update = two_votes_lead(&app, &mut socket, poll, options[0]).await;
     assert_eq!(update["entries"][0]["option"]["label"], "A");
 }

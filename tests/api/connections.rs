@@ -7,9 +7,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use futures_util::StreamExt as _;
+use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest as _};
+
 use crate::helpers::{TestApp, eventually};
 use crate::subscriptions::{
-    SUBSCRIPTION, close_frame, next_message, open_socket, send, subscribed, wait_until_listening,
+    SUBSCRIPTION, Socket, close_frame, connect, next_message, open_socket, send, subscribed,
+    wait_until_listening,
 };
 use pulse::keys::ArticleKeys;
 
@@ -326,4 +330,233 @@ async fn the_legacy_protocol_closes_an_operation_started_before_init_as_unauthor
     let start = json!({ "id": "1", "type": "start", "payload": { "query": SUBSCRIPTION } });
     send(&mut socket, start).await;
     assert_eq!(u16::from(close_frame(&mut socket).await.code), 4401);
+}
+
+/// Reads `socket` as a live client does until a message of type `until` arrives: answers
+/// graphql-transport-ws pings (its websocket answers Ping frames by itself while it reads).
+/// Returns the types of what came before, Ping frames included, and that message.
+async fn answer_pings(socket: &mut Socket, until: &str) -> (Vec<String>, Value) {
+    let mut seen = Vec::new();
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(20), socket.next())
+            .await
+            .expect("a message within 20 s")
+            .expect("the socket stays open")
+            .expect("a frame");
+        match message {
+            Message::Text(text) => {
+                let value: Value = serde_json::from_str(&text).unwrap();
+                let kind = value["type"].as_str().unwrap_or_default().to_owned();
+                if kind == until {
+                    return (seen, value);
+                }
+                if kind == "ping" {
+                    send(socket, json!({ "type": "pong" })).await;
+                }
+                seen.push(kind);
+            }
+            Message::Ping(_) => seen.push("Ping frame".to_owned()),
+            Message::Close(frame) => panic!("closed: {frame:?}"),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_answering_pings_is_closed_with_3008_and_one_that_answers_stays() {
+    let pong_timeout = Duration::from_secs(2);
+    let app = TestApp::spawn_with(|config| {
+        config.ws_ping_interval = Duration::from_millis(200);
+        config.ws_pong_timeout = pong_timeout;
+    })
+    .await;
+    let mut answering = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+    let mut legacy = subscribed(&app, "graphql-ws", json!({}), "start", "1").await;
+    // What the silent client last sent, its subscribe, reaches the server after this.
+    let silent_since = Instant::now();
+    let mut silent = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+    let ((seen, next), (legacy_seen, data), frame) = tokio::join!(
+        answer_pings(&mut answering, "next"),
+        answer_pings(&mut legacy, "data"),
+        async {
+            let frame = close_frame(&mut silent).await;
+            let closed_after = silent_since.elapsed();
+            // Published once the silent one is gone, while the others go on answering.
+            let (token, _) = app.sign_up("awake").await;
+            app.publish(&token, "still answering").await;
+            (frame, closed_after)
+        },
+    );
+    let (frame, closed_after) = frame;
+    assert_eq!(u16::from(frame.code), 3008, "{frame:?}");
+    assert!(
+        closed_after >= pong_timeout,
+        "closed after {closed_after:?}"
+    );
+    assert!(seen.iter().any(|kind| kind == "ping"), "{seen:?}");
+    assert!(
+        legacy_seen.iter().any(|kind| kind == "ka"),
+        "{legacy_seen:?}"
+    );
+    assert!(
+        legacy_seen.iter().any(|kind| kind == "Ping frame"),
+        "{legacy_seen:?}"
+    );
+    for message in [next, data] {
+        assert_eq!(
+            message["payload"]["data"]["articlePublished"]["title"], "still answering",
+            "{message}"
+        );
+    }
+}
+
+/// Upgrades to a websocket as a client behind `forwarded_for`, if any.
+async fn upgrade(app: &TestApp, forwarded_for: Option<&str>) -> Result<Socket, tungstenite::Error> {
+    let mut request = format!("ws://{}/graphql/ws", app.addr)
+        .into_client_request()
+        .unwrap();
+    let headers = request.headers_mut();
+    headers.insert(
+        "sec-websocket-protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
+    if let Some(forwarded_for) = forwarded_for {
+        headers.insert("x-forwarded-for", forwarded_for.parse().unwrap());
+    }
+    tokio_tungstenite::connect_async(request)
+        .await
+        .map(|(socket, _)| socket)
+}
+
+/// The status and body of a refused upgrade.
+fn refusal(refused: Result<Socket, tungstenite::Error>) -> (u16, Value) {
+    match refused {
+        Err(tungstenite::Error::Http(response)) => {
+            let body = response.body().as_deref().expect("a body");
+            (
+                response.status().as_u16(),
+                serde_json::from_slice(body).unwrap(),
+            )
+        }
+        Err(other) => panic!("not an HTTP refusal: {other}"),
+        Ok(_) => panic!("upgraded past the cap"),
+    }
+}
+
+#[tokio::test]
+async fn an_address_past_its_socket_cap_gets_429_rate_limited_until_one_of_its_sockets_closes() {
+    let app = TestApp::spawn_with(|config| config.max_sockets_per_ip = 2).await;
+    let first = upgrade(&app, None).await.expect("a first socket");
+    let _second = upgrade(&app, None).await.expect("a second socket");
+
+    let (status, body) = refusal(upgrade(&app, None).await);
+    assert_eq!(status, 429);
+    assert_eq!(crate::helpers::error_code(&body), "RATE_LIMITED", "{body}");
+    assert_eq!(app.state.connections.open_websockets(), 2);
+
+    drop(first);
+    let mut third = eventually_upgraded(&app).await;
+    send(&mut third, json!({ "type": "connection_init" })).await;
+    let ack = next_message(&mut third).await.expect("the socket is open");
+    assert_eq!(ack["type"], "connection_ack");
+}
+
+/// A socket, once the server has seen an earlier one of this address close.
+async fn eventually_upgraded(app: &TestApp) -> Socket {
+    let mut upgraded = None;
+    eventually("a closed socket frees its place", async || {
+        upgraded = upgrade(app, None).await.ok();
+        upgraded.is_some()
+    })
+    .await;
+    upgraded.unwrap()
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_the_socket_cap_counts_the_forwarded_address() {
+    let app = TestApp::spawn_with(|config| {
+        config.max_sockets_per_ip = 1;
+        config.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
+    })
+    .await;
+    let _first = upgrade(&app, Some("192.0.2.1"))
+        .await
+        .expect("one for 192.0.2.1");
+    let _second = upgrade(&app, Some("192.0.2.2"))
+        .await
+        .expect("one for 192.0.2.2");
+    let (status, _) = refusal(upgrade(&app, Some("192.0.2.1")).await);
+    assert_eq!(status, 429);
+}
+
+#[tokio::test]
+async fn an_expiring_token_ends_the_operations_reading_the_viewer_and_no_other() {
+    let app = TestApp::spawn_with(|config| config.token_ttl = Duration::from_secs(2)).await;
+    let (token, _) = app.sign_up("fleeting").await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": token })).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    let operations = [
+        ("feed", "subscription { feedItemAdded { node { title } } }"),
+        (
+            "liked",
+            "subscription { articlePublished { title viewerHasLiked } }",
+        ),
+        ("public", SUBSCRIPTION),
+    ];
+    for (id, query) in operations {
+        send(
+            &mut socket,
+            json!({ "id": id, "type": "subscribe", "payload": { "query": query } }),
+        )
+        .await;
+    }
+    wait_until_listening(&app).await;
+
+    // Each private operation gets an `error` coded UNAUTHENTICATED, then `complete`.
+    let mut ended = Vec::new();
+    while ended.len() < 4 {
+        let message = next_message(&mut socket)
+            .await
+            .expect("the socket stays open");
+        assert_ne!(message["id"], "public", "{message}");
+        ended.push(message);
+    }
+    for id in ["feed", "liked"] {
+        let of_id: Vec<&Value> = ended.iter().filter(|m| m["id"] == id).collect();
+        assert_eq!(of_id.len(), 2, "{ended:?}");
+        assert_eq!(of_id[0]["type"], "error", "{ended:?}");
+        assert_eq!(
+            of_id[0]["payload"][0]["extensions"]["code"], "UNAUTHENTICATED",
+            "{ended:?}"
+        );
+        assert_eq!(*of_id[1], json!({ "type": "complete", "id": id }));
+    }
+
+    // The public one goes on, and a new private one ends at once.
+    let (author, _) = app.sign_up("steady").await;
+    app.publish(&author, "after the expiry").await;
+    let message = next_message(&mut socket)
+        .await
+        .expect("the socket stays open");
+    assert_eq!(message["id"], "public", "{message}");
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"],
+        "after the expiry"
+    );
+    send(
+        &mut socket,
+        json!({ "id": "again", "type": "subscribe",
+                "payload": { "query": "subscription { feedItemAdded { cursor } }" } }),
+    )
+    .await;
+    let refused = next_message(&mut socket).await.unwrap();
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["id"], "again");
+    assert_eq!(
+        next_message(&mut socket).await.unwrap(),
+        json!({ "type": "complete", "id": "again" })
+    );
 }

@@ -17,13 +17,23 @@ pub const PASSWORD: &str = "correct horse battery";
 
 /// Polls `condition` every 20 ms until it holds, and fails the test with `what` after 30 s: how a
 /// test waits for what the app does in the background, instead of sleeping a guessed while.
-pub async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
+pub async fn eventually(what: &str, condition: impl AsyncFnMut() -> bool) {
+    eventually_within(Duration::from_secs(30), what, condition).await;
+}
+
+/// [`eventually`] with a deadline the app promises (a freshness bound): fails the test with
+/// `what` unless `condition` holds when asked before `limit` has passed.
+pub async fn eventually_within(
+    limit: Duration,
+    what: &str,
+    mut condition: impl AsyncFnMut() -> bool,
+) {
+    let started = tokio::time::Instant::now();
+    loop {
+        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
+        if condition().await {
+            return;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -397,6 +407,25 @@ pub async fn stored_article(state: &AppState, global: &str) -> pulse::entities::
         .await
         .unwrap()
         .expect("the article exists")
+}
+
+/// Casts two votes for `option` and reads the dashboard on `socket` until its leader has both,
+/// returning that snapshot: the two announcements may come as one coalesced snapshot or as two.
+pub async fn two_votes_lead(
+    app: &TestApp,
+    socket: &mut crate::subscriptions::Socket,
+    poll: i64,
+    option: i64,
+) -> Value {
+    use crate::votes_live::{snapshot, vote};
+    vote(app, poll, option).await;
+    vote(app, poll, option).await;
+    loop {
+        let update = snapshot(socket).await;
+        if update["entries"][0]["score"] == 2.0 {
+            return update;
+        }
+    }
 }
 
 /// The `extensions.code` of a response's first error.

@@ -28,6 +28,7 @@ mod readme;
 mod resume;
 mod rollback;
 mod search;
+mod search_processes;
 mod sql_input;
 mod subscriptions;
 mod validated_documents;

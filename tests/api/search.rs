@@ -1,6 +1,7 @@
 //! `searchArticles` and the search index as a projection of SQL: what queries find, sorts, filters
-//! and cursors, bad input, and the indexer's exactly-once position (out-of-order outbox ids, a
-//! crash between staging and commit, a restart, two replicas).
+//! and cursors, freshness, bad input, and the indexer's exactly-once position (out-of-order outbox
+//! ids, a crash between staging and commit, a restart, replicas sharing a search dir). Real server
+//! processes: `search_processes.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,18 +14,20 @@ use sea_orm::{
 };
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, article_row, error_code, eventually, unique_suffix};
+use crate::helpers::{
+    TestApp, article_row, error_code, eventually, eventually_within, unique_suffix,
+};
 use crate::likes::LIKE;
 use crate::views::{BROWSER, app_behind_proxy, flusher, record};
 
-const SEARCH: &str = "query($q: String!, $first: Int, $after: String, $sort: ArticleSearchSort, $author: ID, $since: DateTime, $until: DateTime) {
+pub(crate) const SEARCH: &str = "query($q: String!, $first: Int, $after: String, $sort: ArticleSearchSort, $author: ID, $since: DateTime, $until: DateTime) {
   searchArticles(query: $q, first: $first, after: $after, sort: $sort, authorId: $author, since: $since, until: $until) {
     edges { cursor snippet highlightedTitle node { id title createdAt viewCount likeCount } }
     pageInfo { hasNextPage endCursor }
   }
 }";
 
-const PUBLISH: &str =
+pub(crate) const PUBLISH: &str =
     "mutation($t: String!, $b: String!) { publishArticle(input: { title: $t, body: $b }) { id } }";
 
 /// An app whose replica is stepped by the test alone after its start-up build.
@@ -102,7 +105,7 @@ fn indexer(app: &TestApp) -> Indexer {
     app.state.services.search.indexer().unwrap()
 }
 
-async fn applied(indexer: &Indexer) -> Applied {
+pub(crate) async fn applied(indexer: &Indexer) -> Applied {
     indexer
         .applied()
         .await
@@ -362,6 +365,50 @@ async fn the_index_equals_sql_field_by_field_after_publish_edit_views_and_likes(
     assert!(found(&app, "draft").await.is_empty());
 }
 
+/// How soon a published article must be searchable, and a flushed view be in `sort: VIEWS` after
+/// the flush interval (issue 24).
+const FRESH: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn a_published_article_is_searchable_within_two_seconds() {
+    let app = TestApp::spawn().await;
+    let (token, _) = app.sign_up("prompt").await;
+    let article = publish(&app, &token, "freshly published words", "x").await;
+    eventually_within(FRESH, "the published article is found", async || {
+        found(&app, "freshly").await == one(&article)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_flushed_view_reorders_the_views_sort_within_the_flush_interval_and_two_seconds() {
+    let flush_interval = Duration::from_millis(500);
+    let app = TestApp::spawn_with(|config| {
+        config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+        config.view_flush_interval = flush_interval;
+    })
+    .await;
+    let (token, _) = app.sign_up("viewed").await;
+    let older = publish(&app, &token, "fresh views", "older").await;
+    let newer = publish(&app, &token, "fresh views", "newer").await;
+    caught_up(&app).await;
+    let by_views =
+        async || ids_of(&search(&app, json!({ "q": "fresh views", "sort": "VIEWS" })).await);
+    assert_eq!(
+        by_views().await,
+        [newer.clone(), older.clone()],
+        "ties go to the newer"
+    );
+    let viewed = record(&app, &older, "10.3.0.1", BROWSER).await;
+    assert_eq!(viewed["data"]["recordView"]["counted"], true, "{viewed}");
+    eventually_within(
+        flush_interval + FRESH,
+        "the viewed article leads the views sort",
+        async || by_views().await == [older.clone(), newer.clone()],
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn an_outbox_row_committed_after_a_higher_one_is_still_applied() {
     let app = app_stepped_by_hand().await;
@@ -601,36 +648,6 @@ async fn a_restarted_server_applies_what_changed_while_it_was_down() {
 }
 
 #[tokio::test]
-async fn two_servers_serve_search_from_their_own_replicas_and_agree_after_a_change() {
-    let first = TestApp::spawn().await;
-    let mut config = first.config.clone();
-    config.data_dir = std::env::temp_dir().join(format!("pulse-test-{}", unique_suffix()));
-    let second = TestApp::start(config).await;
-    assert_ne!(first.config.search_dir(), second.config.search_dir());
-    let (token, _) = first.sign_up("twins").await;
-    let article = publish(&first, &token, "replicated words", "x").await;
-    for app in [&first, &second] {
-        eventually("each replica finds the article", async || {
-            found(app, "replicated").await == one(&article)
-        })
-        .await;
-    }
-    let edited = second
-        .graphql_as(
-            Some(&token),
-            "mutation($id: ID!) { editArticle(id: $id, input: { title: \"mirrored words\" }) { id } }",
-            json!({ "id": article }),
-        )
-        .await;
-    assert!(edited["data"]["editArticle"].is_object(), "{edited}");
-    for app in [&first, &second] {
-        caught_up(app).await;
-        assert_eq!(found(app, "mirrored").await, one(&article));
-        assert!(found(app, "replicated").await.is_empty());
-    }
-}
-
-#[tokio::test]
 async fn rebuild_search_makes_every_replica_rebuild_from_sql() {
     let app = app_stepped_by_hand().await;
     let (token, _) = app.sign_up("rebuilder").await;
@@ -704,242 +721,4 @@ async fn bad_queries_get_a_clear_error_or_a_sensible_answer_never_a_server_error
     );
     let (status, body) = app.post_raw(lone_surrogate, None).await;
     assert!(status < 500, "{status} {body}");
-}
-
-/// One GraphQL call to a server process; `None` once the process is gone.
-async fn call(
-    http: &reqwest::Client,
-    port: u16,
-    token: Option<&str>,
-    client_ip: &str,
-    query: &str,
-    variables: Value,
-) -> Option<Value> {
-    let mut request = http
-        .post(format!("http://127.0.0.1:{port}/graphql"))
-        .header("x-forwarded-for", client_ip)
-        .json(&json!({ "query": query, "variables": variables }));
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    request.send().await.ok()?.json().await.ok()
-}
-
-async fn sign_up_at(http: &reqwest::Client, port: u16, handle: &str) -> String {
-    let response = call(
-        http,
-        port,
-        None,
-        "127.0.0.1",
-        "mutation($h: String!, $p: String!) { signUp(handle: $h, password: $p) { token } }",
-        json!({ "h": handle, "p": crate::helpers::PASSWORD }),
-    )
-    .await
-    .unwrap();
-    response["data"]["signUp"]["token"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{response}"))
-        .to_owned()
-}
-
-#[tokio::test]
-async fn a_server_killed_during_a_load_leaves_a_replica_that_resumes_to_equal_sql() {
-    use crate::crash::{free_port, spawn_server_process};
-    let config = crate::helpers::test_config(|_| {}).await;
-    let port = free_port();
-    let mut server = spawn_server_process(
-        &config,
-        port,
-        &[("PULSE_SEARCH_POLL", "10ms"), ("PULSE_SEARCH_BATCH", "50")],
-    )
-    .await;
-    let http = reqwest::Client::new();
-    let mut authors = Vec::new();
-    let mut articles_by_author = Vec::new();
-    for a in 0..4 {
-        let token = sign_up_at(&http, port, &format!("author{a}")).await;
-        let mut own = Vec::new();
-        for i in 0..5 {
-            let response = call(
-                &http,
-                port,
-                Some(&token),
-                "127.0.0.1",
-                PUBLISH,
-                json!({ "t": format!("loaded {a} {i}"), "b": "载入 load" }),
-            )
-            .await
-            .unwrap();
-            own.push(
-                response["data"]["publishArticle"]["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned(),
-            );
-        }
-        authors.push(token);
-        articles_by_author.push(own);
-    }
-    let mut readers = Vec::new();
-    for r in 0..10 {
-        readers.push(sign_up_at(&http, port, &format!("reader{r}")).await);
-    }
-    let all: Vec<String> = articles_by_author.concat();
-    let (authors, readers, all, owned) = (
-        Arc::new(authors),
-        Arc::new(readers),
-        Arc::new(all),
-        Arc::new(articles_by_author),
-    );
-    // Two hundred clients view, edit, like and unlike until the server is gone.
-    let clients: Vec<_> = (0..200usize)
-        .map(|client| {
-            let (http, authors, readers, all, owned) = (
-                http.clone(),
-                authors.clone(),
-                readers.clone(),
-                all.clone(),
-                owned.clone(),
-            );
-            tokio::spawn(async move {
-                for step in 0..2_000usize {
-                    let article = &all[(client + step) % all.len()];
-                    let ip = format!("10.{}.{}.{}", client % 250, step / 250, step % 250);
-                    let done = match step % 4 {
-                        0 | 1 => call(
-                            &http,
-                            port,
-                            None,
-                            &ip,
-                            "mutation($a: ID!) { recordView(articleId: $a) { counted } }",
-                            json!({ "a": article }),
-                        )
-                        .await,
-                        2 => {
-                            let author = client % authors.len();
-                            call(
-                                &http,
-                                port,
-                                Some(&authors[author]),
-                                &ip,
-                                "mutation($id: ID!, $t: String!) { editArticle(id: $id, input: { title: $t }) { id } }",
-                                json!({
-                                    "id": owned[author][step % owned[author].len()],
-                                    "t": format!("edited {client} {step} 编辑"),
-                                }),
-                            )
-                            .await
-                        }
-                        _ => {
-                            let mutation = if step % 8 == 3 { "like" } else { "unlike" };
-                            call(
-                                &http,
-                                port,
-                                Some(&readers[client % readers.len()]),
-                                &ip,
-                                &format!("mutation($s: ID!) {{ {mutation}(subjectId: $s) {{ liked }} }}"),
-                                json!({ "s": article }),
-                            )
-                            .await
-                        }
-                    };
-                    if done.is_none() {
-                        return;
-                    }
-                }
-            })
-        })
-        .collect();
-    let db = pulse::db::connect(&config.database_url(), Duration::from_secs(5))
-        .await
-        .unwrap();
-    eventually(
-        "the replica has applied a hundred rows of the load",
-        async || {
-            let metrics = http
-                .get(format!("http://127.0.0.1:{port}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            let applied = metrics
-                .lines()
-                .find_map(|line| line.strip_prefix("pulse_search_rows_applied_total "))
-                .and_then(|value| value.trim().parse::<f64>().ok())
-                .unwrap_or(0.0);
-            applied >= 120.0
-        },
-    )
-    .await;
-    server.kill().await.unwrap();
-    for client in clients {
-        client.await.unwrap();
-    }
-
-    let settings = IndexerSettings {
-        poll: Duration::from_secs(3600),
-        batch: 1000,
-        gap_window: Duration::from_secs(60),
-        retention: Duration::from_secs(86_400),
-    };
-    let index = EmbeddedIndex::open(&config.search_dir().join("replica-0")).unwrap();
-    let indexer = Indexer::new(db.clone(), Arc::new(index.clone()), settings);
-    let at_kill = applied(&indexer).await;
-    let last = search_outbox::Entity::find()
-        .order_by_desc(search_outbox::Column::Id)
-        .one(&db)
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
-    assert!(
-        at_kill.through < last,
-        "the kill left outbox rows to apply ({} of {last})",
-        at_kill.through
-    );
-    let mut resumed = 0;
-    loop {
-        let stepped = indexer.step().await.unwrap();
-        assert!(!stepped.rebuilt, "the replica resumes, it is not rebuilt");
-        if stepped.rows == 0 {
-            break;
-        }
-        resumed += stepped.rows;
-    }
-    assert!(resumed > 0);
-    let sql: Vec<_> = articles::Entity::find()
-        .order_by_asc(articles::Column::Id)
-        .all(&db)
-        .await
-        .unwrap()
-        .iter()
-        .map(document)
-        .collect();
-    assert_eq!(sql.len(), 20);
-    assert_eq!(index.all_documents().unwrap(), sql);
-    assert!(
-        sql.iter().map(|doc| doc.view_count).sum::<i64>() > 0,
-        "views were flushed"
-    );
-
-    let rebuild = crate::helpers::pulse_command()
-        .args(["rebuild", "search"])
-        .env("DATABASE_URL", config.database_url())
-        .env("REDIS_URL", config.redis_url.as_deref().unwrap())
-        .env(
-            "PULSE_REDIS_PREFIX",
-            config.redis_prefix.as_deref().unwrap(),
-        )
-        .env("PULSE_DATA_DIR", &config.data_dir)
-        .output()
-        .await
-        .unwrap();
-    assert!(rebuild.status.success(), "{rebuild:?}");
-    assert!(
-        indexer.step().await.unwrap().rebuilt,
-        "pulse rebuild search reaches the replica"
-    );
-    assert_eq!(index.all_documents().unwrap(), sql);
 }

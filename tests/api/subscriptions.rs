@@ -243,7 +243,7 @@ async fn a_socket_running_too_many_subscriptions_is_closed_with_policy_violation
         next_message(&mut socket).await.unwrap()["type"],
         "connection_ack"
     );
-    let limit = pulse::http::websocket::MAX_SUBSCRIPTIONS;
+    let limit = app.config.ws_max_subscriptions as usize;
     for id in 0..=limit {
         send(
             &mut socket,

@@ -14,7 +14,7 @@ use pulse::votes::service::{Ballot, Origin};
 use serde_json::{Value, json};
 
 use crate::crash::free_port;
-use crate::helpers::{OwnRedis, TestApp, app_on_a_private_redis, eventually};
+use crate::helpers::{OwnRedis, TestApp, app_on_a_private_redis, eventually, two_votes_lead};
 use crate::likes::users;
 use crate::subscriptions::{Socket, connect, next_message, send};
 use crate::votes::{admin, create_poll, row, voter};
@@ -350,14 +350,7 @@ async fn a_dashboard_goes_on_by_itself_after_its_pubsub_connection_is_killed() {
     assert_eq!(update["entries"][0]["score"], 1.0);
     // And the next vote is heard as usual.
     listening(&app, poll).await;
-    vote(&app, poll, options[0]).await;
-    vote(&app, poll, options[0]).await;
-    let update = loop {
-        let update = snapshot(&mut socket).await;
-        if update["entries"][0]["score"] == 2.0 {
-            break update;
-        }
-    };
+    let update = two_votes_lead(&app, &mut socket, poll, options[0]).await;
     assert_eq!(update["entries"][0]["option"]["label"], "A");
     drop(socket);
     app.stop().await.unwrap();

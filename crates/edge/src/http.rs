@@ -101,8 +101,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// How long a body may take to arrive once the headers are in.
     pub body_timeout: Duration,
-    /// How long a websocket may take to send `connection_init`.
-    pub websocket_init_timeout: Duration,
+    /// How each websocket is bounded: its init timeout, pings, operations.
+    pub websocket: websocket::Settings,
     /// Cancelled when the server stops: open websockets then close with "going away".
     pub shutdown: CancellationToken,
     /// The status of the codes that are the server's own failure (see [`media::answer`]).
@@ -504,7 +504,7 @@ fn serve_socket<E: Executor, H: RequestHook>(
                 socket,
                 protocol,
                 endpoint.executor.clone(),
-                settings.websocket_init_timeout,
+                settings.websocket.clone(),
                 settings.shutdown.clone(),
                 admission.on_init,
             )
@@ -690,7 +690,13 @@ mod tests {
         let settings = Settings {
             max_body_bytes: 1024,
             body_timeout,
-            websocket_init_timeout: Duration::from_secs(5),
+            websocket: websocket::Settings {
+                init_timeout: Duration::from_secs(5),
+                ping_interval: Duration::from_secs(15),
+                pong_timeout: Duration::from_secs(10),
+                max_subscriptions: 100,
+                viewer_fields: |_| false,
+            },
             shutdown: CancellationToken::new(),
             server_failure: |_| None,
         };

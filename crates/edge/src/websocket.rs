@@ -1,42 +1,85 @@
 //! A websocket driver for any async-graphql executor, speaking graphql-transport-ws and the legacy
-//! subscriptions-transport-ws. async-graphql speaks both protocols but leaves four things to its
-//! caller: a socket that never sends `connection_init` would stay open for good (here it is closed
-//! with 4408 after the init timeout); a graphql-transport-ws `subscribe` under an id already
-//! running would silently replace that subscription (here it closes the socket with 4409, as the
-//! protocol says); one socket could run any number of subscriptions, each a task and a channel on
-//! the server (here the one past [`MAX_SUBSCRIPTIONS`] closes the socket with 1008, policy
-//! violation); and at shutdown the socket would just be cut (here it gets a 1001 "going away"
-//! close first).
+//! subscriptions-transport-ws. async-graphql speaks both protocols but leaves these to its caller,
+//! and the driver adds them, each with its close code:
+//!
+//! | code | when |
+//! |---|---|
+//! | 4408 | no `connection_init` within the init timeout |
+//! | 4409 | a graphql-transport-ws `subscribe` under an id already running (async-graphql would silently replace it) |
+//! | 1008 | a `subscribe` past the operations one socket may run at once (policy violation) |
+//! | 3008 | nothing at all heard from the client within the pong timeout after a ping |
+//! | 1001 | the server shuts down ("going away") |
+//!
+//! Pings: every ping interval the server sends graphql-transport-ws's `ping`, which its clients
+//! answer with `pong`; on the legacy protocol, whose clients answer nothing, a `ka` and a websocket
+//! Ping frame, which every websocket stack answers with a Pong frame by itself. Any frame from the
+//! client counts as an answer. 3008 is the registered "timeout" code, which clients such as
+//! graphql-ws treat as worth a reconnect.
+//!
+//! Credentials that expire: when `on_init`'s data holds a [`CredentialsExpire`], the operations
+//! that read something of the viewer (those selecting a field the settings'
+//! [`Settings::viewer_fields`] names) end at that time with an `error` coded `UNAUTHENTICATED`
+//! then `complete`, and a later one gets the same at once; the others go on.
 //!
 //! The caller upgrades the connection (offering the [`protocol`] the client asked for) and hands
 //! the socket to [`serve`] with its executor, usually an `async_graphql::Schema`, and what to do
 //! with the `connection_init` payload: typically authenticate it and return the connection's
 //! `Data`.
 
+use std::any::TypeId;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use async_graphql::http::{WebSocketProtocols, WsMessage};
-use async_graphql::{Data, ErrorExtensionValues, Executor};
+use async_graphql::http::{ClientMessage, WebSocketProtocols, WsMessage};
+use async_graphql::parser::types::{
+    DocumentOperations, ExecutableDocument, Selection, SelectionSet,
+};
+use async_graphql::{Data, ErrorExtensionValues, Executor, Name};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use axum::http::{HeaderMap, header};
-use futures_util::{SinkExt as _, StreamExt as _, future};
+use futures_util::{SinkExt as _, StreamExt as _};
 use serde::Deserialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// The code of a legacy `connection_error` for a `connection_init` refused without a code of its
-/// own.
+/// own, and of the error that ends an operation whose credentials expired.
 const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
 /// The code of a legacy `connection_error` for a protocol mistake (a second `connection_init`).
 const CLIENT_ERROR: &str = "BAD_USER_INPUT";
 
-/// Operations one socket may run at once.
-pub const MAX_SUBSCRIPTIONS: usize = 100;
+/// The close code of a socket from which nothing was heard within the pong timeout.
+pub const PING_TIMEOUT: u16 = 3008;
+
+/// How a connection is bounded.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long a socket may take to send `connection_init` (then 4408).
+    pub init_timeout: Duration,
+    /// How often the server pings an acknowledged connection; zero sends no pings.
+    pub ping_interval: Duration,
+    /// How long after a ping the client has to send anything at all (then [`PING_TIMEOUT`]).
+    pub pong_timeout: Duration,
+    /// Operations one socket may run at once (one more closes it with 1008).
+    pub max_subscriptions: usize,
+    /// Whether a field's answer depends on who the viewer is: an operation selecting one, at any
+    /// depth, ends when the connection's credentials expire.
+    pub viewer_fields: fn(&str) -> bool,
+}
+
+/// When the credentials a connection was initialised with stop being valid. The server puts it in
+/// the data its `connection_init` handler returns.
+#[derive(Clone, Copy, Debug)]
+pub struct CredentialsExpire(pub SystemTime);
 
 /// How long a closed socket waits for the client's answering close frame. Closing the connection
 /// while the client still sends would reset it, and a reset can take the close frame with it.
 const CLOSE_REPLY_WAIT: Duration = Duration::from_secs(1);
+
+/// Client messages read ahead of async-graphql.
+const CLIENT_MESSAGES_AHEAD: usize = 8;
 
 /// The protocol of the first `Sec-WebSocket-Protocol` the client offers that the driver speaks.
 pub fn protocol(headers: &HeaderMap) -> Option<WebSocketProtocols> {
@@ -48,14 +91,21 @@ pub fn protocol(headers: &HeaderMap) -> Option<WebSocketProtocols> {
         .find_map(|offered| offered.trim().parse().ok())
 }
 
-/// Serves GraphQL over `socket` until the client leaves, breaks the protocol, or `shutdown` is
-/// cancelled. `on_init` gets the `connection_init` payload and returns the data every operation of
-/// the connection sees, or the error that refuses the connection (4403 on graphql-transport-ws).
+/// A message for async-graphql, with the place it holds if the client sent it.
+type Forwarded = (
+    Box<serde_json::Result<ClientMessage>>,
+    Option<OwnedSemaphorePermit>,
+);
+
+/// Serves GraphQL over `socket` until the client leaves, breaks the protocol, stops answering, or
+/// `shutdown` is cancelled. `on_init` gets the `connection_init` payload and returns the data every
+/// operation of the connection sees, or the error that refuses the connection (4403 on
+/// graphql-transport-ws).
 pub async fn serve<E, OnInit, InitFuture>(
     socket: WebSocket,
     protocol: WebSocketProtocols,
     executor: E,
-    init_timeout: Duration,
+    settings: Settings,
     shutdown: CancellationToken,
     on_init: OnInit,
 ) where
@@ -64,70 +114,147 @@ pub async fn serve<E, OnInit, InitFuture>(
     InitFuture: Future<Output = async_graphql::Result<Data>> + Send + 'static,
 {
     let (mut sink, mut stream) = socket.split();
-    let session = Arc::new(Mutex::new(Session::new(protocol)));
+    let session = Arc::new(Mutex::new(Session::new(protocol, &settings)));
     let on_init = {
         let session = session.clone();
         move |payload| {
             let init = on_init(payload);
             async move {
                 let data = init.await;
-                if let Err(error) = &data {
-                    lock(&session).init_refusal =
-                        Some(error.extensions.clone().unwrap_or_default());
+                let mut session = lock(&session);
+                match &data {
+                    Ok(data) => session.expires = credentials_expire(data),
+                    Err(error) => {
+                        session.init_refusal = Some(error.extensions.clone().unwrap_or_default());
+                    }
                 }
                 data
             }
         }
     };
-    let close = {
-        let watched = session.clone();
-        let input = stream
-            .by_ref()
-            .take_while(|received| future::ready(received.is_ok()))
-            .filter_map(|received| {
-                future::ready(match received {
-                    Ok(message @ (Message::Text(_) | Message::Binary(_))) => {
-                        Some(message.into_data())
-                    }
-                    _ => None,
-                })
-            })
-            // A refused message ends the input, and with it the exchange, before async-graphql sees it.
-            .take_while(move |data| future::ready(lock(&watched).admit(data)));
-        let graphql = async_graphql::http::WebSocket::new(executor, input, protocol)
-            .on_connection_init(on_init);
-        let mut graphql = std::pin::pin!(graphql);
-        let mut init_deadline = std::pin::pin!(tokio::time::sleep(init_timeout));
-        let mut awaiting_init = true;
-        loop {
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break Some(close_frame(1001, "server shutting down")),
-                () = &mut init_deadline, if awaiting_init => {
-                    if !lock(&session).initialised {
-                        break Some(close_frame(4408, "Connection initialisation timeout"));
-                    }
-                    awaiting_init = false;
+    // The driver reads the client and hands async-graphql what it admits, and what it decides
+    // itself (the end of an operation whose credentials expired), through one queue, so both
+    // arrive in the order the driver saw them.
+    // A client message holds one of a few places until async-graphql takes it, so a client that
+    // floods the socket is held back by TCP rather than queued here.
+    let ahead = Arc::new(Semaphore::new(CLIENT_MESSAGES_AHEAD));
+    let (forward, forwarded) = mpsc::unbounded_channel::<Forwarded>();
+    let mut forward = Some(forward);
+    let input = futures_util::stream::unfold(forwarded, |mut forwarded| async move {
+        let (message, _place) = forwarded.recv().await?;
+        Some((*message, forwarded))
+    });
+    let graphql = async_graphql::http::WebSocket::from_message_stream(executor, input, protocol)
+        .on_connection_init(on_init);
+    let mut graphql = std::pin::pin!(graphql);
+    let mut init_deadline = std::pin::pin!(tokio::time::sleep(settings.init_timeout));
+    let mut awaiting_init = true;
+    let pinging = !settings.ping_interval.is_zero();
+    let period = settings.ping_interval.max(Duration::from_millis(1));
+    let mut ping = tokio::time::interval_at(Instant::now() + period, period);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pong_deadline = std::pin::pin!(tokio::time::sleep(settings.pong_timeout));
+    let mut awaiting_pong = false;
+    let mut expiry = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
+    let mut expiry_armed = false;
+    let close = loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break Some(close_frame(1001, "server shutting down")),
+            () = &mut init_deadline, if awaiting_init => {
+                if !lock(&session).initialised {
+                    break Some(close_frame(4408, "Connection initialisation timeout"));
                 }
-                message = graphql.next() => match message {
-                    Some(WsMessage::Text(text)) => {
-                        let text = lock(&session).outgoing(text);
-                        if sink.send(Message::Text(text.into())).await.is_err() {
-                            break None;
+                awaiting_init = false;
+            }
+            () = &mut pong_deadline, if awaiting_pong => {
+                break Some(close_frame(PING_TIMEOUT, "Ping timeout: nothing heard from the client"));
+            }
+            () = &mut expiry, if expiry_armed => {
+                expiry_armed = false;
+                let ended = lock(&session).expire();
+                for id in ended {
+                    if let Some(forward) = &forward {
+                        let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
+                    }
+                    if send_ended(&mut sink, protocol, &id).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            (received, place) = async {
+                let place = ahead.clone().acquire_owned().await.expect("the semaphore is never closed");
+                (stream.next().await, place)
+            }, if forward.is_some() => {
+                let message = match received {
+                    Some(Ok(message)) => message,
+                    // The client's input ended: so does async-graphql's, which then ends the exchange.
+                    _ => {
+                        forward = None;
+                        continue;
+                    }
+                };
+                awaiting_pong = false;
+                let data = match message {
+                    Message::Text(_) | Message::Binary(_) => message.into_data(),
+                    _ => continue,
+                };
+                // A message that is not one of the protocol's goes on as it is: async-graphql closes
+                // the socket for it with its own code.
+                let parsed = ClientMessage::from_bytes(&data);
+                if let Ok(message) = &parsed {
+                    let admission = lock(&session).admit(message);
+                    match admission {
+                        Admission::Forward => {}
+                        Admission::Close(frame) => break Some(frame),
+                        Admission::Unauthenticated(id) => {
+                            if send_ended(&mut sink, protocol, &id).await.is_err() {
+                                break None;
+                            }
+                            continue;
                         }
                     }
-                    Some(WsMessage::Close(code, reason)) => {
-                        break Some(lock(&session).protocol_close(code, &reason));
-                    }
-                    // async-graphql ends without a close frame after a legacy `connection_error`
-                    // and when the client's input ends; a close frame tells the client it was on
-                    // purpose (and goes nowhere if the client is gone).
-                    None => {
-                        let refusal = lock(&session).refusal.take();
-                        break Some(refusal.unwrap_or_else(|| close_frame(1000, "")));
-                    }
-                },
+                }
+                if let Some(forward) = &forward {
+                    let _ = forward.send((Box::new(parsed), Some(place)));
+                }
             }
+            _ = ping.tick(), if pinging => {
+                if !lock(&session).acknowledged {
+                    continue;
+                }
+                if !awaiting_pong {
+                    awaiting_pong = true;
+                    pong_deadline.as_mut().reset(Instant::now() + settings.pong_timeout);
+                }
+                if send_ping(&mut sink, protocol).await.is_err() {
+                    break None;
+                }
+            }
+            message = graphql.next() => match message {
+                Some(WsMessage::Text(text)) => {
+                    let (text, expires) = {
+                        let mut session = lock(&session);
+                        (session.outgoing(text), session.expires.filter(|_| !session.expired))
+                    };
+                    if let (Some(expires), false) = (expires, expiry_armed) {
+                        let left = expires.duration_since(SystemTime::now()).unwrap_or_default();
+                        expiry.as_mut().reset(Instant::now() + left);
+                        expiry_armed = true;
+                    }
+                    let Some(text) = text else { continue };
+                    if sink.send(Message::Text(text.into())).await.is_err() {
+                        break None;
+                    }
+                }
+                Some(WsMessage::Close(code, reason)) => {
+                    break Some(lock(&session).protocol_close(code, &reason));
+                }
+                // async-graphql ends without a close frame after a legacy `connection_error`
+                // and when the client's input ends; a close frame tells the client it was on
+                // purpose (and goes nowhere if the client is gone).
+                None => break Some(close_frame(1000, "")),
+            },
         }
     };
     let Some(close) = close else { return };
@@ -141,6 +268,104 @@ pub async fn serve<E, OnInit, InitFuture>(
         })
         .await;
     }
+}
+
+fn credentials_expire(data: &Data) -> Option<SystemTime> {
+    let value = data.get(&TypeId::of::<CredentialsExpire>())?;
+    (**value)
+        .downcast_ref::<CredentialsExpire>()
+        .map(|expire| expire.0)
+}
+
+/// The ping of `protocol`: graphql-transport-ws clients answer its `ping`; legacy clients answer
+/// nothing of theirs, but their websocket answers a Ping frame.
+async fn send_ping<S>(sink: &mut S, protocol: WebSocketProtocols) -> Result<(), S::Error>
+where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    if protocol == WebSocketProtocols::GraphQLWS {
+        return sink.send(Message::Text(r#"{"type":"ping"}"#.into())).await;
+    }
+    sink.feed(Message::Text(r#"{"type":"ka"}"#.into())).await?;
+    sink.send(Message::Ping(Default::default())).await
+}
+
+/// The end of operation `id` for want of valid credentials: an `error` coded `UNAUTHENTICATED`,
+/// then `complete`.
+async fn send_ended<S>(sink: &mut S, protocol: WebSocketProtocols, id: &str) -> Result<(), S::Error>
+where
+    S: futures_util::Sink<Message> + Unpin,
+{
+    let error = serde_json::json!({
+        "message": "the connection's credentials expired; sign in again and subscribe anew",
+        "extensions": { "code": UNAUTHENTICATED },
+    });
+    // graphql-transport-ws's `error` carries a list of errors, the legacy protocol's one error.
+    let payload = match protocol {
+        WebSocketProtocols::GraphQLWS => serde_json::json!([error]),
+        WebSocketProtocols::SubscriptionsTransportWS => error,
+    };
+    let error = serde_json::json!({ "type": "error", "id": id, "payload": payload });
+    let complete = serde_json::json!({ "type": "complete", "id": id });
+    sink.feed(Message::Text(error.to_string().into())).await?;
+    sink.send(Message::Text(complete.to_string().into())).await
+}
+
+/// Whether the operation `request` runs selects a field `viewer_fields` names. A document that
+/// does not parse here (or a persisted one, sent by its hash alone) counts as reading the viewer.
+fn reads_viewer(request: &async_graphql::Request, viewer_fields: fn(&str) -> bool) -> bool {
+    let Ok(document) = async_graphql::parser::parse_query(&request.query) else {
+        return true;
+    };
+    let mut spread = HashSet::new();
+    match &document.operations {
+        DocumentOperations::Single(operation) => selects(
+            &operation.node.selection_set.node,
+            &document,
+            viewer_fields,
+            &mut spread,
+        ),
+        DocumentOperations::Multiple(operations) => operations
+            .iter()
+            .filter(|(name, _)| {
+                request
+                    .operation_name
+                    .as_deref()
+                    .is_none_or(|wanted| name.as_str() == wanted)
+            })
+            .any(|(_, operation)| {
+                selects(
+                    &operation.node.selection_set.node,
+                    &document,
+                    viewer_fields,
+                    &mut spread,
+                )
+            }),
+    }
+}
+
+fn selects(
+    set: &SelectionSet,
+    document: &ExecutableDocument,
+    wanted: fn(&str) -> bool,
+    spread: &mut HashSet<Name>,
+) -> bool {
+    set.items.iter().any(|item| match &item.node {
+        Selection::Field(field) => {
+            wanted(field.node.name.node.as_str())
+                || selects(&field.node.selection_set.node, document, wanted, spread)
+        }
+        Selection::InlineFragment(fragment) => {
+            selects(&fragment.node.selection_set.node, document, wanted, spread)
+        }
+        Selection::FragmentSpread(fragment) => {
+            let name = &fragment.node.fragment_name.node;
+            spread.insert(name.clone())
+                && document.fragments.get(name).is_some_and(|fragment| {
+                    selects(&fragment.node.selection_set.node, document, wanted, spread)
+                })
+        }
+    })
 }
 
 /// Longest close reason: a control frame carries at most 125 bytes, two of them the code. A longer
@@ -165,23 +390,42 @@ fn lock(session: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What the driver does with a client message.
+#[derive(Debug)]
+enum Admission {
+    /// On to async-graphql.
+    Forward,
+    /// The socket closes with this frame.
+    Close(CloseFrame),
+    /// An operation reading the viewer, started after the credentials expired: ended at once.
+    Unauthenticated(String),
+}
+
 /// What the driver must know of the conversation that async-graphql keeps to itself.
 struct Session {
     protocol: WebSocketProtocols,
+    max_subscriptions: usize,
+    viewer_fields: fn(&str) -> bool,
     initialised: bool,
     /// Whether the server has sent `connection_ack`.
     acknowledged: bool,
     /// Ids whose operation is still running: from the client's `subscribe` (`start` on the legacy
     /// protocol) until the client's or the server's `complete` (`stop`).
     running: HashSet<String>,
-    /// The close a refused message calls for.
-    refusal: Option<CloseFrame>,
+    /// The running operations that read the viewer.
+    reading_viewer: HashSet<String>,
+    /// Operations the driver ended (their credentials expired) whose end async-graphql has not
+    /// yet confirmed: what it still sends for them is dropped.
+    ended: HashSet<String>,
+    /// When the credentials of the connection expire, and whether they have.
+    expires: Option<SystemTime>,
+    expired: bool,
     /// The extensions of the error that refused `connection_init`, which async-graphql leaves out
     /// of the legacy protocol's `connection_error`.
     init_refusal: Option<ErrorExtensionValues>,
 }
 
-/// The two fields of a protocol message the driver looks at; the payload is skipped unparsed.
+/// The fields of a server message the driver looks at; the payload is skipped unparsed.
 #[derive(Deserialize)]
 struct Envelope {
     #[serde(rename = "type")]
@@ -190,61 +434,80 @@ struct Envelope {
 }
 
 impl Session {
-    fn new(protocol: WebSocketProtocols) -> Self {
+    fn new(protocol: WebSocketProtocols, settings: &Settings) -> Self {
         Self {
             protocol,
+            max_subscriptions: settings.max_subscriptions,
+            viewer_fields: settings.viewer_fields,
             initialised: false,
             acknowledged: false,
             running: HashSet::new(),
-            refusal: None,
+            reading_viewer: HashSet::new(),
+            ended: HashSet::new(),
+            expires: None,
+            expired: false,
             init_refusal: None,
         }
     }
 
-    /// Whether a client message may go on to async-graphql. Messages that are not JSON go on too:
-    /// async-graphql closes the socket for those with its own code.
-    fn admit(&mut self, data: &[u8]) -> bool {
-        let Ok(Envelope { kind, id }) = serde_json::from_slice(data) else {
-            return true;
-        };
-        match (kind.as_str(), id) {
-            ("connection_init", _) => self.initialised = true,
-            ("subscribe" | "start", Some(id)) => {
-                let running = self.running.contains(&id);
+    fn admit(&mut self, message: &ClientMessage) -> Admission {
+        match message {
+            ClientMessage::ConnectionInit { .. } => self.initialised = true,
+            ClientMessage::Start { id, payload } => {
+                let running = self.running.contains(id);
                 if running && self.protocol == WebSocketProtocols::GraphQLWS {
                     let reason = format!("Subscriber for {id} already exists");
-                    self.refusal = Some(close_frame(4409, &reason));
-                    return false;
+                    return Admission::Close(close_frame(4409, &reason));
                 }
-                if !running && self.running.len() >= MAX_SUBSCRIPTIONS {
+                if !running && self.running.len() >= self.max_subscriptions {
                     let reason = format!(
-                        "more than {MAX_SUBSCRIPTIONS} operations at once on one connection"
+                        "more than {} operations at once on one connection",
+                        self.max_subscriptions
                     );
-                    self.refusal = Some(close_frame(1008, &reason));
-                    return false;
+                    return Admission::Close(close_frame(1008, &reason));
                 }
-                self.running.insert(id);
+                let reading_viewer = reads_viewer(payload, self.viewer_fields);
+                if reading_viewer && self.expired {
+                    return Admission::Unauthenticated(id.clone());
+                }
+                self.running.insert(id.clone());
+                if reading_viewer {
+                    self.reading_viewer.insert(id.clone());
+                } else {
+                    self.reading_viewer.remove(id);
+                }
             }
-            ("complete" | "stop", Some(id)) => {
-                self.running.remove(&id);
+            ClientMessage::Stop { id } => {
+                self.running.remove(id);
+                self.reading_viewer.remove(id);
             }
             _ => {}
         }
-        true
+        Admission::Forward
     }
 
-    /// A server message on its way out: noted, and on the legacy protocol a `connection_error`
-    /// given a code like every other error (async-graphql sends the message alone).
-    fn outgoing(&mut self, text: String) -> String {
+    /// The credentials expired: the operations reading the viewer end, and their ids are free.
+    fn expire(&mut self) -> Vec<String> {
+        self.expired = true;
+        let ended: Vec<String> = self.reading_viewer.drain().collect();
+        for id in &ended {
+            self.running.remove(id);
+            self.ended.insert(id.clone());
+        }
+        ended
+    }
+
+    /// A server message on its way out, if it still goes: noted, and on the legacy protocol a
+    /// `connection_error` given a code like every other error (async-graphql sends the message
+    /// alone).
+    fn outgoing(&mut self, text: String) -> Option<String> {
         if self.protocol == WebSocketProtocols::SubscriptionsTransportWS
             && text.contains("connection_error")
         {
-            return self.coded_connection_error(&text).unwrap_or(text);
+            return Some(self.coded_connection_error(&text).unwrap_or(text));
         }
-        self.sent(&text);
-        text
+        self.sent(&text).then_some(text)
     }
-
     fn coded_connection_error(&self, text: &str) -> Option<String> {
         let mut message: serde_json::Value = serde_json::from_str(text).ok()?;
         if message["type"] != "connection_error" {
@@ -269,20 +532,25 @@ impl Session {
     }
 
     /// Notes a server message: the `connection_ack`, and a `complete` that frees its id for reuse.
-    fn sent(&mut self, text: &str) {
-        if self.acknowledged && self.running.is_empty() {
-            return;
+    /// False for a message of an operation the driver ended, which the client must not see.
+    fn sent(&mut self, text: &str) -> bool {
+        if self.acknowledged && self.running.is_empty() && self.ended.is_empty() {
+            return true;
         }
         let Ok(Envelope { kind, id }) = serde_json::from_str(text) else {
-            return;
+            return true;
         };
         match (kind.as_str(), id) {
             ("connection_ack", _) => self.acknowledged = true,
+            // The driver sent this operation's `complete` itself.
+            ("complete", Some(id)) if self.ended.remove(&id) => return false,
             ("complete", Some(id)) => {
                 self.running.remove(&id);
             }
+            (_, Some(id)) => return !self.ended.contains(&id),
             _ => {}
         }
+        true
     }
 
     /// The close frame for a close async-graphql asks for. On graphql-transport-ws it uses generic
@@ -321,8 +589,36 @@ mod tests {
         assert!(frame.reason.as_str().starts_with("Subscriber for é"));
     }
 
+    const MAX_SUBSCRIPTIONS: usize = 100;
+
+    fn settings() -> Settings {
+        Settings {
+            init_timeout: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(15),
+            pong_timeout: Duration::from_secs(10),
+            max_subscriptions: MAX_SUBSCRIPTIONS,
+            viewer_fields: |field| field.starts_with("viewer"),
+        }
+    }
+
+    fn new_session(protocol: WebSocketProtocols) -> Session {
+        Session::new(protocol, &settings())
+    }
+
+    fn admission(session: &mut Session, message: serde_json::Value) -> Admission {
+        let message = ClientMessage::from_bytes(message.to_string()).expect("a protocol message");
+        session.admit(&message)
+    }
+
     fn admit(session: &mut Session, message: serde_json::Value) -> bool {
-        session.admit(message.to_string().as_bytes())
+        matches!(admission(session, message), Admission::Forward)
+    }
+
+    fn closed_with(session: &mut Session, message: serde_json::Value) -> CloseFrame {
+        match admission(session, message) {
+            Admission::Close(frame) => frame,
+            other => panic!("admitted: {other:?}"),
+        }
     }
 
     fn subscribe(id: &str) -> serde_json::Value {
@@ -331,25 +627,58 @@ mod tests {
 
     #[test]
     fn a_running_id_cannot_be_subscribed_again() {
-        let mut session = Session::new(WebSocketProtocols::GraphQLWS);
+        let mut session = new_session(WebSocketProtocols::GraphQLWS);
         assert!(admit(&mut session, subscribe("1")));
-        assert!(!admit(&mut session, subscribe("1")));
-        let refusal = session.refusal.expect("a close frame");
+        let refusal = closed_with(&mut session, subscribe("1"));
         assert_eq!(refusal.code, 4409);
         assert_eq!(refusal.reason.as_str(), "Subscriber for 1 already exists");
     }
 
     #[test]
     fn an_id_completed_by_either_side_may_be_reused() {
-        let mut session = Session::new(WebSocketProtocols::GraphQLWS);
+        let mut session = new_session(WebSocketProtocols::GraphQLWS);
         assert!(admit(&mut session, subscribe("1")));
         assert!(admit(
             &mut session,
             serde_json::json!({ "type": "complete", "id": "1" })
         ));
         assert!(admit(&mut session, subscribe("1")));
-        session.sent(r#"{"type":"complete","id":"1"}"#);
+        assert!(session.sent(r#"{"type":"complete","id":"1"}"#));
         assert!(admit(&mut session, subscribe("1")));
+    }
+
+    #[test]
+    fn when_credentials_expire_only_operations_reading_the_viewer_end_and_later_ones_at_once() {
+        let mut session = new_session(WebSocketProtocols::GraphQLWS);
+        let query = |id: &str, query: &str| serde_json::json!({ "type": "subscribe", "id": id, "payload": { "query": query } });
+        let spread =
+            "subscription { board { ...Mine } } fragment Mine on Board { top { viewerLikes } }";
+        assert!(admit(
+            &mut session,
+            query("public", "subscription { board { top { name } } }")
+        ));
+        assert!(admit(
+            &mut session,
+            query("direct", "subscription { viewerFeed { id } }")
+        ));
+        assert!(admit(&mut session, query("spread", spread)));
+        assert!(admit(&mut session, query("garbled", "subscription {")));
+        let mut ended = session.expire();
+        ended.sort();
+        assert_eq!(ended, ["direct", "garbled", "spread"]);
+        // What async-graphql still sends for an ended operation, its `complete` included, is dropped.
+        assert!(!session.sent(r#"{"type":"next","id":"direct","payload":{}}"#));
+        assert!(!session.sent(r#"{"type":"complete","id":"direct"}"#));
+        assert!(session.sent(r#"{"type":"next","id":"public","payload":{}}"#));
+        assert!(matches!(
+            admission(&mut session, query("later", "subscription { viewerFeed { id } }")),
+            Admission::Unauthenticated(id) if id == "later"
+        ));
+        // The ended ids are free again for operations that do not read the viewer.
+        assert!(admit(
+            &mut session,
+            query("direct", "subscription { board { top { name } } }")
+        ));
     }
 
     #[test]
@@ -358,8 +687,11 @@ mod tests {
             (WebSocketProtocols::GraphQLWS, "subscribe"),
             (WebSocketProtocols::SubscriptionsTransportWS, "start"),
         ] {
-            let mut session = Session::new(protocol);
-            let message = |id: usize| serde_json::json!({ "type": start, "id": id.to_string() });
+            let mut session = new_session(protocol);
+            let message = |id: usize| {
+                serde_json::json!({ "type": start, "id": id.to_string(),
+                                    "payload": { "query": "subscription { a }" } })
+            };
             for id in 0..MAX_SUBSCRIPTIONS {
                 assert!(admit(&mut session, message(id)));
             }
@@ -370,8 +702,7 @@ mod tests {
                 serde_json::json!({ "type": stop, "id": "0" })
             ));
             assert!(admit(&mut session, message(MAX_SUBSCRIPTIONS)));
-            assert!(!admit(&mut session, message(MAX_SUBSCRIPTIONS + 1)));
-            let refusal = session.refusal.expect("a close frame");
+            let refusal = closed_with(&mut session, message(MAX_SUBSCRIPTIONS + 1));
             assert_eq!(refusal.code, 1008);
             assert!(
                 refusal.reason.contains("more than 100"),
@@ -383,13 +714,13 @@ mod tests {
 
     fn connection_error(session: &mut Session) -> serde_json::Value {
         let sent = r#"{"type":"connection_error","payload":{"message":"refused"}}"#;
-        serde_json::from_str(&session.outgoing(sent.to_owned())).unwrap()
+        serde_json::from_str(&session.outgoing(sent.to_owned()).expect("sent")).unwrap()
     }
 
     #[test]
     fn a_legacy_connection_error_carries_the_refusals_extensions_or_a_code_for_its_cause() {
         let legacy = WebSocketProtocols::SubscriptionsTransportWS;
-        let mut session = Session::new(legacy);
+        let mut session = new_session(legacy);
         let mut extensions = ErrorExtensionValues::default();
         extensions.set("code", "FORBIDDEN");
         extensions.set("retryAfterSeconds", 3);
@@ -402,12 +733,12 @@ mod tests {
             })
         );
 
-        let mut session = Session::new(legacy);
+        let mut session = new_session(legacy);
         session.init_refusal = Some(ErrorExtensionValues::default());
         let error = connection_error(&mut session);
         assert_eq!(error["payload"]["extensions"]["code"], "UNAUTHENTICATED");
 
-        let mut session = Session::new(legacy);
+        let mut session = new_session(legacy);
         session.sent(r#"{"type":"connection_ack"}"#);
         let error = connection_error(&mut session);
         assert_eq!(error["payload"]["extensions"]["code"], "BAD_USER_INPUT");
@@ -415,7 +746,7 @@ mod tests {
 
     #[test]
     fn the_legacy_protocol_keeps_its_own_rules_for_ids() {
-        let mut session = Session::new(WebSocketProtocols::SubscriptionsTransportWS);
+        let mut session = new_session(WebSocketProtocols::SubscriptionsTransportWS);
         let start = serde_json::json!({ "type": "start", "id": "1", "payload": { "query": "{ __typename }" } });
         assert!(admit(&mut session, start.clone()));
         assert!(admit(&mut session, start));
