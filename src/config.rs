@@ -269,6 +269,17 @@ pub struct Config {
     )]
     pub ws_max_subscriptions: u32,
 
+    /// Bytes of messages that may wait for a websocket that does not keep up. Past it, a
+    /// snapshot (leaderboardChanged, articleStatsChanged) replaces its unsent one; an event
+    /// stream's socket is closed with 4413.
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_WS_SEND_BUDGET",
+        default_value_t = 128 * 1024
+    )]
+    pub ws_send_budget: usize,
+
     /// Websockets one client address may hold open at once (`0`: no cap); one more is refused
     /// before the upgrade with 429 `RATE_LIMITED`.
     #[arg(
