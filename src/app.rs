@@ -169,6 +169,8 @@ impl App {
                 pong_timeout: config.ws_pong_timeout,
                 max_subscriptions: config.ws_max_subscriptions as usize,
                 viewer_fields: schema::reads_viewer,
+                live_fields: crate::services::LIVE_FIELDS,
+                send_budget: config.ws_send_budget,
             },
             sockets_per_ip: crate::http::sockets_per_ip::SocketsPerIp::new(
                 config.max_sockets_per_ip,

@@ -269,6 +269,17 @@ pub struct Config {
     )]
     pub ws_max_subscriptions: u32,
 
+    /// Bytes of messages that may wait for a websocket that does not keep up. Past it, a
+    /// snapshot (leaderboardChanged, articleStatsChanged) replaces its unsent one; an event
+    /// stream's socket is closed with 4413.
+    #[arg(
+        long,
+        global = true,
+        env = "PULSE_WS_SEND_BUDGET",
+        default_value_t = 128 * 1024
+    )]
+    pub ws_send_budget: usize,
+
     /// Websockets one client address may hold open at once (`0`: no cap); one more is refused
     /// before the upgrade with 429 `RATE_LIMITED`.
     #[arg(
@@ -369,6 +380,11 @@ pub struct Config {
     /// subscribers (per board per process, however many subscribers and votes).
     #[arg(long, global = true, env = "PULSE_LEADERBOARD_TICK", default_value = "250ms", value_parser = humantime::parse_duration)]
     pub leaderboard_tick: Duration,
+
+    /// Most events a resumed `feedItemAdded` or `articlePublished` (`after:` a cursor) replays; a
+    /// client further behind is sent `RESYNC_REQUIRED` and re-reads instead.
+    #[arg(long, global = true, env = "PULSE_REPLAY_LIMIT", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub replay_limit: u32,
     /// Most items a feed inbox (and an author's outbox) keeps; trimmed on every write. Reads past
     /// it continue from SQL.
     #[arg(long, global = true, env = "PULSE_FEED_CAP", default_value_t = 800, value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use async_graphql::{MergedObject, MergedSubscription};
+use pulse_edge::websocket::{LiveField, LiveKind};
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -72,6 +73,27 @@ pub struct Mutation(
 
 #[derive(MergedSubscription, Default)]
 pub struct Subscription(ArticlesSubscription, VotesSubscription, FeedSubscription);
+
+/// What each field of [`Subscription`] sends, for the websocket driver: a client that falls
+/// behind loses the older of two unsent snapshots, never an event.
+pub const LIVE_FIELDS: &[LiveField] = &[
+    LiveField {
+        name: "articlePublished",
+        kind: LiveKind::Event,
+    },
+    LiveField {
+        name: "articleStatsChanged",
+        kind: LiveKind::Snapshot,
+    },
+    LiveField {
+        name: "leaderboardChanged",
+        kind: LiveKind::Snapshot,
+    },
+    LiveField {
+        name: "feedItemAdded",
+        kind: LiveKind::Event,
+    },
+];
 
 node_types! {
     User => load_user,
@@ -207,6 +229,7 @@ impl Services {
             redis.clone(),
             hub.clone(),
             Relay::new(feed_store.clone()),
+            config.replay_limit,
         );
         let follows =
             FollowService::new(db.clone()).with_listener(Arc::new(FollowHook(feed_store.clone())));

@@ -6,13 +6,13 @@ use super::loader::ArticleLoader;
 use super::service::{ArticleChanges, NEWEST, USER_ARTICLES};
 use crate::accounts::graphql::{User, load_user, prefetch_authors};
 use crate::entities::articles;
-use crate::error::{AppError, GqlResultExt};
+use crate::error::{AppError, AppResult, GqlResultExt};
 use crate::graphql::ids::{self, NodeType};
 use crate::graphql::pagination::{Connected, connection, connection_complexity};
 use crate::graphql::{actor, loaders, services};
 use crate::likes::Subject;
 use crate::likes::graphql as likes;
-use crate::pagination::{Page, PageRequest};
+use crate::pagination::{Cursor, Page, PageRequest};
 
 pub struct Article(pub articles::Model);
 
@@ -254,22 +254,25 @@ pub struct ArticlesSubscription;
 
 #[Subscription]
 impl ArticlesSubscription {
-    /// Articles as they are published, optionally only one author's.
+    /// Articles as they are published, optionally only one author's. With `after` (the `id` of
+    /// the last article the client got, or a cursor from `articles`), first every article
+    /// published after it while the client was away, oldest first, then the new ones, each once.
+    /// When those cannot be replayed (more than PULSE_REPLAY_LIMIT), or the live source lost
+    /// articles it cannot replay, the stream sends one error with `extensions.code`
+    /// RESYNC_REQUIRED and ends: query `articles` again and subscribe after its newest.
     async fn article_published(
         &self,
         ctx: &Context<'_>,
         author_id: Option<ID>,
-    ) -> async_graphql::Result<impl Stream<Item = Article> + use<>> {
+        after: Option<String>,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<Article>> + use<>> {
         let author_id = author_id
             .map(|id| ids::decode(&id, NodeType::User, "authorId"))
             .transpose()
             .gql()?;
-        let published = services(ctx).articles.published();
-        Ok(published.filter_map(move |article| async move {
-            author_id
-                .is_none_or(|author| author == article.author_id)
-                .then_some(Article(article))
-        }))
+        let after = after.as_deref().map(published_position).transpose().gql()?;
+        let published = services(ctx).articles.published(after, author_id);
+        Ok(published.map(|article| article.map(Article).gql()))
     }
 
     /// An article's view, like and comment counts: at once, then whenever they change (at most
@@ -288,4 +291,15 @@ impl ArticlesSubscription {
             comment_count: stats.comment_count,
         }))
     }
+}
+
+/// The publication position `articlePublished`'s `after` names: an Article id, or a cursor of
+/// `articles` (both walk articles by id, the publication order).
+fn published_position(after: &str) -> AppResult<i64> {
+    if let Ok(article) = ids::decode(&ID::from(after), NodeType::Article, "after") {
+        return Ok(article);
+    }
+    Cursor::decode::<()>(NEWEST, after)
+        .map(|position| position.id)
+        .map_err(|_| AppError::bad_input("after", "not an Article id or an `articles` cursor"))
 }

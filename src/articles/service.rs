@@ -11,7 +11,7 @@ use crate::error::{AppError, AppResult};
 use crate::feed::publications::Relay;
 use crate::keys::ArticleKeys;
 use crate::pagination::{Page, PageRequest, Position, Walk};
-use crate::realtime::{Hub, HubSubscription};
+use crate::realtime::{Confirmations, Hub, HubSubscription, Replay, Resume, resumable};
 use crate::redis::Redis;
 use crate::text::{Controls, TextRule, Trim};
 
@@ -94,15 +94,29 @@ pub struct ArticleService {
     redis: Redis,
     hub: Hub,
     feed_relay: Relay,
+    /// Most articles a resumed `articlePublished` replays.
+    replay_limit: u32,
 }
 
+/// The resync of an `articlePublished` whose client missed more than one replay carries.
+const TOO_FAR_BEHIND: &str = "more articles were published since this position than a resumed \
+     subscription replays (PULSE_REPLAY_LIMIT): query `articles` again and subscribe after its \
+     newest";
+
 impl ArticleService {
-    pub fn new(db: DatabaseConnection, redis: Redis, hub: Hub, feed_relay: Relay) -> Self {
+    pub fn new(
+        db: DatabaseConnection,
+        redis: Redis,
+        hub: Hub,
+        feed_relay: Relay,
+        replay_limit: u32,
+    ) -> Self {
         Self {
             db,
             redis,
             hub,
             feed_relay,
+            replay_limit,
         }
     }
 
@@ -148,18 +162,63 @@ impl ArticleService {
         }
     }
 
-    /// Articles published from now on, as their committed rows.
-    pub fn published(&self) -> impl futures_util::Stream<Item = articles::Model> + use<> {
+    /// Articles as they are published (only `author`'s, if given), as their committed rows. With
+    /// `after` (an article id: the last one the client has), first those published after it,
+    /// oldest first, then the new ones, each once; ends with `RESYNC_REQUIRED` when more were
+    /// published since than one replay carries.
+    pub fn published(
+        &self,
+        after: Option<i64>,
+        author: Option<i64>,
+    ) -> impl futures_util::Stream<Item = AppResult<articles::Model>> + use<> {
         use futures_util::StreamExt as _;
         let subscription: HubSubscription = self
             .hub
             .subscribe(self.redis.keys.articles_published_channel());
-        subscription.filter_map(|payload| async move {
+        let confirmations = Confirmations::new(vec![subscription.confirmations()]);
+        let arrivals = subscription.filter_map(move |payload| async move {
             serde_json::from_slice::<articles::Model>(&payload)
                 .inspect_err(
                     |err| tracing::warn!(error = %err, "ignoring a malformed article event"),
                 )
                 .ok()
+                .filter(|article| author.is_none_or(|author| author == article.author_id))
+        });
+        let history = self.clone();
+        let resume = Resume {
+            after,
+            position: |article: &articles::Model| article.id,
+            replay: move |from| {
+                let history = history.clone();
+                async move { history.published_since(from, author).await }
+            },
+            buffer: self.replay_limit as usize,
+            resync: || AppError::ResyncRequired(TOO_FAR_BEHIND),
+        };
+        resumable(arrivals, confirmations, resume)
+    }
+
+    /// The articles (of `author`, if given) published after `after`, oldest first, from SQL;
+    /// `Unreachable` past the replay limit. Ids are minted in publication order, so publication
+    /// order is id order.
+    async fn published_since(
+        &self,
+        after: i64,
+        author: Option<i64>,
+    ) -> AppResult<Replay<articles::Model>> {
+        let limit = u64::from(self.replay_limit);
+        let mut query = articles::Entity::find()
+            .filter(articles::Column::Id.gt(after))
+            .order_by_asc(articles::Column::Id)
+            .limit(limit + 1);
+        if let Some(author) = author {
+            query = query.filter(articles::Column::AuthorId.eq(author));
+        }
+        let rows = retry_once(|| query.clone().all(&self.db)).await?;
+        Ok(if rows.len() as u64 > limit {
+            Replay::Unreachable
+        } else {
+            Replay::Events(rows)
         })
     }
 

@@ -74,12 +74,26 @@ pub struct FeedSubscription;
 
 #[Subscription]
 impl FeedSubscription {
-    /// New items in the signed-in viewer's feed (token in the connection_init payload).
+    /// New items in the signed-in viewer's feed (token in the connection_init payload). With
+    /// `after` (a cursor from `feed` or from an earlier item), first every item added above that
+    /// cursor while the client was away, oldest first, then the new ones, each once. When those
+    /// cannot be replayed (a cursor of another viewer, or more missed than PULSE_REPLAY_LIMIT), or
+    /// the live source lost items it cannot replay, the stream sends one error with
+    /// `extensions.code` RESYNC_REQUIRED and ends: query `feed` again and subscribe with its
+    /// newest cursor.
     async fn feed_item_added(
         &self,
         ctx: &Context<'_>,
-    ) -> async_graphql::Result<impl Stream<Item = FeedEdge> + use<>> {
-        let live = services(ctx).feed.live(actor(ctx)).await.gql()?;
-        Ok(live.map(|(cursor, row)| Edge::new(cursor.into_string(), Article(row))))
+        after: Option<String>,
+    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<FeedEdge>> + use<>> {
+        let live = services(ctx)
+            .feed
+            .live(actor(ctx), after.as_deref())
+            .await
+            .gql()?;
+        Ok(live.map(|item| {
+            item.map(|(cursor, row)| Edge::new(cursor.into_string(), Article(row)))
+                .gql()
+        }))
     }
 }

@@ -39,6 +39,12 @@
 //! live item is announced only by the write that added it. Reads filter by SQL's `follows`, so an
 //! unfollowed author's items never show, even before the removal job ran.
 //!
+//! Live: `feedItemAdded` hears the viewer's channel (fan-out announces an item to online users only,
+//! when its write added it) and the channels of the celebrities they follow. Resumed from a cursor,
+//! it marks the viewer online and subscribes before reading the timeline above the cursor the way a
+//! page reads it (inbox, outboxes, SQL below the floor), so an item is replayed or heard, and items
+//! both replayed and heard go out once ([`crate::realtime::resume`]).
+//!
 //! May be lost: nothing. Every inbox and outbox rebuilds from SQL.
 
 pub mod dispatch;

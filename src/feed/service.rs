@@ -13,7 +13,7 @@ use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::FeedKeys;
 use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
-use crate::realtime::Hub;
+use crate::realtime::{Confirmations, Hub, Replay, Resume, resumable};
 use crate::scripts::SCRIPTS;
 
 /// The viewer's timeline, newest first. Positions are (MAC of viewer and id, article id).
@@ -27,6 +27,18 @@ const REBUILD_ATTEMPTS: usize = 3;
 
 /// How long an online marker lives; the subscription holding it renews it three times as often.
 const ONLINE_TTL: Duration = Duration::from_secs(30);
+
+/// Ids a replay asks of the timeline at a time: most resumes miss a few items, not the limit.
+const REPLAY_CHUNK: usize = 100;
+
+/// The resync of a `feedItemAdded` resumed from a cursor not issued to the viewer.
+const FOREIGN_CURSOR: &str = "this cursor was not issued for your feed, so nothing can be replayed \
+     from it: query `feed` again and subscribe with its newest cursor";
+
+/// The resync of a `feedItemAdded` whose client missed more than one replay carries.
+const TOO_FAR_BEHIND: &str = "more items were added to your feed since this cursor than a resumed \
+     subscription replays (PULSE_REPLAY_LIMIT): query `feed` again and subscribe with its newest \
+     cursor";
 
 /// One page of a timeline.
 pub struct FeedPage {
@@ -307,14 +319,63 @@ impl FeedService {
         })
     }
 
-    /// Articles that join the viewer's feed from now on, with their cursors: those fanned out to
-    /// the viewer's inbox and those of the celebrities the viewer follows. Keeps the viewer marked
+    /// Where a resumed `feedItemAdded` starts: the article id of `after`, a cursor of the viewer's
+    /// feed (from `feed` or an earlier item). `BAD_USER_INPUT` when it is malformed;
+    /// `RESYNC_REQUIRED` when it was not issued to the viewer (forged, or another viewer's), since
+    /// nothing can be replayed from it.
+    fn resume_point(&self, viewer: i64, after: Option<&str>) -> AppResult<Option<i64>> {
+        let Some(after) = after else {
+            return Ok(None);
+        };
+        let position = Cursor::decode::<i64>(FEED, after)?;
+        if position != self.position(viewer, position.id) {
+            return Err(AppError::ResyncRequired(FOREIGN_CURSOR));
+        }
+        Ok(Some(position.id))
+    }
+
+    /// The items of `viewer`'s feed above `after`, oldest first, read as pages read them (the
+    /// inbox, the celebrities' outboxes, SQL below the inbox's floor), so an inbox rebuilt or
+    /// trimmed since still replays exactly; `Unreachable` past the replay limit.
+    async fn since(&self, viewer: i64, after: i64) -> AppResult<Replay<articles::Model>> {
+        let limit = self.store.settings.replay_limit as usize;
+        let mut below = i64::MAX;
+        let mut rows: Vec<articles::Model> = Vec::new();
+        loop {
+            let asked = (limit + 1 - rows.len()).min(REPLAY_CHUNK) as u64;
+            let candidates = self.candidates(viewer, below, asked).await?;
+            let newer: Vec<i64> = candidates
+                .ids
+                .iter()
+                .copied()
+                .take_while(|&id| id > after)
+                .collect();
+            let reached = newer.len() < candidates.ids.len() || candidates.exhausted;
+            rows.extend(self.hydrate(viewer, &newer).await?);
+            if rows.len() > limit {
+                return Ok(Replay::Unreachable);
+            }
+            match candidates.ids.last() {
+                Some(&last) if !reached => below = last,
+                _ => break,
+            }
+        }
+        rows.reverse();
+        Ok(Replay::Events(rows))
+    }
+
+    /// Articles that join the viewer's feed, with their cursors: with `after` (a cursor of the
+    /// viewer's feed), first those above it, oldest first; then those fanned out to the viewer's
+    /// inbox and those of the celebrities the viewer follows, as they come, each once. Ends with
+    /// `RESYNC_REQUIRED` when the items since `after` cannot be replayed. Keeps the viewer marked
     /// online (fan-out announces only to online users) for as long as the stream is held.
     pub async fn live(
         &self,
         actor: &Actor,
-    ) -> AppResult<impl Stream<Item = (Cursor, articles::Model)> + use<>> {
+        after: Option<&str>,
+    ) -> AppResult<impl Stream<Item = AppResult<(Cursor, articles::Model)>> + use<>> {
         let viewer = actor.require_user()?;
+        let after = self.resume_point(viewer, after)?;
         // Only an inbox that exists gets fan-out writes, and announcements come from those.
         if self.read_inbox(viewer, i64::MAX, 1).await?.is_none() {
             self.rebuild(viewer).await?;
@@ -327,21 +388,44 @@ impl FeedService {
                 .iter()
                 .map(|&author| keys.feed_author_channel(author)),
         );
-        let subscriptions = channels
+        let subscriptions: Vec<_> = channels
             .into_iter()
-            .map(|channel| self.hub.subscribe(channel));
+            .map(|channel| self.hub.subscribe(channel))
+            .collect();
+        let confirmations = Confirmations::new(
+            subscriptions
+                .iter()
+                .map(|subscription| subscription.confirmations())
+                .collect(),
+        );
         let messages = futures_util::stream::select_all(subscriptions);
-        let presence = Presence::start(self.store.clone(), viewer);
+        let presence = Presence::start(self.store.clone(), viewer).await?;
         let service = self.clone();
-        Ok(messages.filter_map(move |payload| {
+        let arrivals = messages.filter_map(move |payload| {
             let service = service.clone();
             let _held = &presence;
             async move {
                 let article: i64 = std::str::from_utf8(&payload).ok()?.parse().ok()?;
-                let row = service.hydrate(viewer, &[article]).await.ok()?.pop()?;
-                let cursor = Cursor::encode(FEED, &service.position(viewer, row.id));
-                Some((cursor, row))
+                service.hydrate(viewer, &[article]).await.ok()?.pop()
             }
+        });
+        let history = self.clone();
+        let resume = Resume {
+            after,
+            position: |row: &articles::Model| row.id,
+            replay: move |from| {
+                let history = history.clone();
+                async move { history.since(viewer, from).await }
+            },
+            buffer: self.store.settings.replay_limit as usize,
+            resync: || AppError::ResyncRequired(TOO_FAR_BEHIND),
+        };
+        let service = self.clone();
+        Ok(resumable(arrivals, confirmations, resume).map(move |item| {
+            item.map(|row| {
+                let cursor = Cursor::encode(FEED, &service.position(viewer, row.id));
+                (cursor, row)
+            })
         }))
     }
 }
@@ -359,31 +443,37 @@ struct Presence {
 }
 
 impl Presence {
-    fn start(store: FeedStore, user: i64) -> Self {
+    /// Marks `user` online before returning, so that every item fanned out from then on is
+    /// announced (a resumed stream reads its history after this), and keeps the marker alive.
+    async fn start(store: FeedStore, user: i64) -> AppResult<Self> {
+        let key = store.redis.keys.feed_user(user).online();
+        mark_online(&store, &key).await?;
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
-            let key = store.redis.keys.feed_user(user).online();
             loop {
-                let mut conn = store.redis.conn.clone();
-                let renewed: redis::RedisResult<()> = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(1)
-                    .arg("PX")
-                    .arg(ONLINE_TTL.as_millis() as u64)
-                    .query_async(&mut conn)
-                    .await;
-                if let Err(err) = renewed {
-                    tracing::warn!(error = %err, "cannot renew a feed subscriber's online marker");
-                }
                 tokio::select! {
                     _ = tokio::time::sleep(ONLINE_TTL / 3) => {}
                     _ = stopped.cancelled() => break,
                 }
+                if let Err(err) = mark_online(&store, &key).await {
+                    tracing::warn!(error = %err, "cannot renew a feed subscriber's online marker");
+                }
             }
         });
-        Self { stop }
+        Ok(Self { stop })
     }
+}
+
+async fn mark_online(store: &FeedStore, key: &str) -> redis::RedisResult<()> {
+    let mut conn = store.redis.conn.clone();
+    redis::cmd("SET")
+        .arg(key)
+        .arg(1)
+        .arg("PX")
+        .arg(ONLINE_TTL.as_millis() as u64)
+        .query_async(&mut conn)
+        .await
 }
 
 impl Drop for Presence {

@@ -24,6 +24,8 @@ pub struct FeedSettings {
     pub fanout_chunk: u32,
     pub celebrity_followers: u64,
     pub follow_backfill: u32,
+    /// Most items a resumed `feedItemAdded` replays.
+    pub replay_limit: u32,
 }
 
 impl FeedSettings {
@@ -34,6 +36,7 @@ impl FeedSettings {
             fanout_chunk: config.feed_fanout_chunk,
             celebrity_followers: config.feed_celebrity_followers,
             follow_backfill: config.feed_follow_backfill,
+            replay_limit: config.replay_limit,
         }
     }
 }

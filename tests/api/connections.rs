@@ -560,3 +560,256 @@ async fn an_expiring_token_ends_the_operations_reading_the_viewer_and_no_other()
         json!({ "type": "complete", "id": "again" })
     );
 }
+
+/// A websocket whose client takes at most 4 KiB into its receive buffer, so that a client that
+/// stops reading backs the server up after little data.
+async fn socket_with_small_receive_buffer(app: &TestApp) -> Socket {
+    let tcp = tokio::net::TcpSocket::new_v4().unwrap();
+    tcp.set_recv_buffer_size(4096).unwrap();
+    let stream = tcp.connect(app.addr).await.unwrap();
+    let mut request = format!("ws://{}/graphql/ws", app.addr)
+        .into_client_request()
+        .unwrap();
+    request.headers_mut().insert(
+        "sec-websocket-protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
+    let (mut socket, _) =
+        tokio_tungstenite::client_async(request, tokio_tungstenite::MaybeTlsStream::Plain(stream))
+            .await
+            .expect("websocket upgrade");
+    send(&mut socket, json!({ "type": "connection_init" })).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    socket
+}
+
+/// The value of a metric without labels in a scrape.
+fn metric(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in the scrape"))
+        .parse()
+        .unwrap()
+}
+
+const SEND_BUDGET: usize = 32 * 1024;
+
+#[tokio::test]
+async fn a_subscriber_that_stops_reading_holds_one_snapshot_within_its_budget_and_then_gets_the_latest()
+ {
+    use crate::votes::{admin, create_poll, row, voter};
+    use pulse::graphql::ids::NodeType;
+    use pulse::votes::service::{Ballot, Origin};
+
+    let app = TestApp::spawn_with(|config| {
+        config.ws_send_budget = SEND_BUDGET;
+        config.leaderboard_tick = Duration::from_millis(5);
+    })
+    .await;
+    let token = admin(&app).await;
+    // A hundred long labels: each snapshot of the top 100 is some 25 KB.
+    let labels: Vec<Value> = (0..100)
+        .map(|n| json!({ "label": format!("{n:03} {}", "x".repeat(190)) }))
+        .collect();
+    let (poll, options) =
+        create_poll(&app, &token, json!({ "title": "Wide", "options": labels })).await;
+    let mut socket = socket_with_small_receive_buffer(&app).await;
+    let board = "subscription($p: ID!) { leaderboardChanged(pollId: $p, first: 100) {
+        version entries { option { label } score } } }";
+    send(
+        &mut socket,
+        json!({ "id": "board", "type": "subscribe",
+                "payload": { "query": board, "variables": { "p": poll } } }),
+    )
+    .await;
+    let first = next_message(&mut socket).await.expect("the first snapshot");
+    assert_eq!(first["type"], "next", "{first}");
+    crate::votes_live::listening(&app, row(&poll, NodeType::Poll)).await;
+
+    // The client reads nothing more while votes move the board, each tick a new snapshot, until
+    // the server's queue has had to replace one.
+    let (user, _) = crate::likes::users(&app, 1).await.remove(0);
+    let replaced_before = metric(&app.metrics().await, "pulse_live_snapshots_replaced_total");
+    let mut votes = 0usize;
+    let mut peak_queued: f64 = 0.0;
+    loop {
+        let ballot = Ballot {
+            poll: row(&poll, NodeType::Poll),
+            option: row(&options[votes % options.len()], NodeType::PollOption),
+        };
+        app.state
+            .services
+            .votes
+            .cast(
+                &voter(user),
+                &[ballot],
+                &Origin::default(),
+                chrono::Utc::now(),
+            )
+            .await
+            .unwrap();
+        votes += 1;
+        tokio::time::sleep(Duration::from_millis(6)).await;
+        if votes.is_multiple_of(20) {
+            let scrape = app.metrics().await;
+            peak_queued = peak_queued.max(metric(&scrape, "pulse_live_queued_bytes"));
+            let replaced = metric(&scrape, "pulse_live_snapshots_replaced_total");
+            if replaced > replaced_before + 20.0 {
+                break;
+            }
+            assert!(
+                votes < 5_000,
+                "no snapshot was replaced after {votes} votes"
+            );
+        }
+    }
+    // One waiting snapshot and its replacement's growth, with room for other tests' sockets that
+    // share the process's gauge for an instant.
+    assert!(
+        peak_queued <= (SEND_BUDGET + 64 * 1024) as f64,
+        "{peak_queued} bytes queued for a budget of {SEND_BUDGET}"
+    );
+
+    // Reading again, the client ends on the board with every vote, its versions only growing.
+    let mut last_version: i64 = first["payload"]["data"]["leaderboardChanged"]["version"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut received = 0;
+    loop {
+        let message = next_message(&mut socket)
+            .await
+            .expect("the socket stays open");
+        assert_eq!(message["type"], "next", "{message}");
+        received += 1;
+        let snapshot = &message["payload"]["data"]["leaderboardChanged"];
+        let version: i64 = snapshot["version"].as_str().unwrap().parse().unwrap();
+        assert!(version > last_version, "{version} after {last_version}");
+        last_version = version;
+        let total: f64 = snapshot["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["score"].as_f64().unwrap())
+            .sum();
+        if total as usize == votes {
+            break;
+        }
+    }
+    assert!(received < votes, "{received} snapshots for {votes} votes");
+}
+
+#[tokio::test]
+async fn an_event_subscriber_that_stops_reading_is_closed_with_4413_once_past_its_budget() {
+    let app = TestApp::spawn_with(|config| config.ws_send_budget = SEND_BUDGET).await;
+    let (token, _) = app.sign_up("prolific").await;
+    let mut socket = socket_with_small_receive_buffer(&app).await;
+    send(
+        &mut socket,
+        json!({ "id": "articles", "type": "subscribe",
+                "payload": { "query": "subscription { articlePublished { title body } }" } }),
+    )
+    .await;
+    wait_until_listening(&app).await;
+
+    // Articles of 16,000 characters each, half the budget, until the server gives up on the
+    // socket. Announcements trail the publishes (they are relayed from SQL's outbox), so the
+    // close may come after the last one.
+    let body = "y".repeat(16_000);
+    let publish = "mutation($t: String!, $b: String!) { publishArticle(input: { title: $t, body: $b }) { id } }";
+    let slow_closes = async || {
+        metric(
+            &app.metrics().await,
+            "pulse_live_slow_consumer_closes_total",
+        )
+    };
+    let closes_before = slow_closes().await;
+    let mut published = 0;
+    while published < 600 && slow_closes().await == closes_before {
+        let response = app
+            .graphql_as(
+                Some(&token),
+                publish,
+                json!({ "t": format!("long {published}"), "b": body }),
+            )
+            .await;
+        assert!(response["errors"].is_null(), "{response}");
+        published += 1;
+    }
+    eventually(
+        "the server closes the socket that fell behind",
+        async || slow_closes().await > closes_before,
+    )
+    .await;
+
+    // Reading again, the client gets what was already on its way, then the close.
+    let mut delivered = 0;
+    let frame = loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("a frame within 10 s")
+            .expect("a close frame before the end")
+            .expect("a clean close");
+        match message {
+            Message::Text(_) => delivered += 1,
+            Message::Close(frame) => break frame.expect("a close code"),
+            _ => {}
+        }
+    };
+    assert_eq!(u16::from(frame.code), 4413, "{frame:?}");
+    // Closed for falling behind, not for one large message: the network took some first, and
+    // more than the budget was published.
+    assert!(delivered > 0, "nothing delivered of {published}");
+    assert!(
+        published * body.len() > SEND_BUDGET,
+        "closed after {published} articles"
+    );
+    assert!(
+        delivered < published,
+        "{delivered} of {published} delivered"
+    );
+}
+
+/// The value of a metric's series with `labels` (as the scrape writes them) in a scrape.
+fn labelled(scrape: &str, name: &str, labels: &str) -> f64 {
+    metric(scrape, &format!("{name}{{{labels}}}"))
+}
+
+#[tokio::test]
+async fn socket_metrics_count_sockets_operations_by_field_and_what_was_sent() {
+    let app = TestApp::spawn().await;
+    let before = app.metrics().await;
+    let mut socket = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+    let during = app.metrics().await;
+    assert!(
+        metric(&during, "pulse_live_sockets_open") >= 1.0,
+        "{during}"
+    );
+    let operations = |scrape: &str| {
+        labelled(
+            scrape,
+            "pulse_live_operations",
+            "field=\"articlePublished\"",
+        )
+    };
+    assert!(operations(&during) >= 1.0, "{during}");
+
+    let (token, _) = app.sign_up("counted").await;
+    app.publish(&token, "counted").await;
+    next_message(&mut socket).await.expect("the article");
+    let after = app.metrics().await;
+    for sent in [
+        "pulse_live_messages_sent_total",
+        "pulse_live_bytes_sent_total",
+    ] {
+        assert!(
+            metric(&after, sent) > metric(&before, sent),
+            "{sent}: {after}"
+        );
+    }
+}

@@ -25,6 +25,7 @@ mod ownership;
 mod persisted;
 mod private_redis;
 mod readme;
+mod resume;
 mod rollback;
 mod search;
 mod search_processes;

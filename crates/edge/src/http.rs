@@ -696,6 +696,8 @@ mod tests {
                 pong_timeout: Duration::from_secs(10),
                 max_subscriptions: 100,
                 viewer_fields: |_| false,
+                live_fields: &[],
+                send_budget: 64 * 1024,
             },
             shutdown: CancellationToken::new(),
             server_failure: |_| None,

@@ -8,6 +8,7 @@
 //! | 4409 | a graphql-transport-ws `subscribe` under an id already running (async-graphql would silently replace it) |
 //! | 1008 | a `subscribe` past the operations one socket may run at once (policy violation) |
 //! | 3008 | nothing at all heard from the client within the pong timeout after a ping |
+//! | 4413 | an event stream's message past the send budget of a client that does not keep up |
 //! | 1001 | the server shuts down ("going away") |
 //!
 //! Pings: every ping interval the server sends graphql-transport-ws's `ping`, which its clients
@@ -15,6 +16,12 @@
 //! Ping frame, which every websocket stack answers with a Pong frame by itself. Any frame from the
 //! client counts as an answer. 3008 is the registered "timeout" code, which clients such as
 //! graphql-ws treat as worth a reconnect.
+//!
+//! Slow consumers: what the server sends waits in the connection's own queue until the socket
+//! takes it, within [`Settings::send_budget`] bytes (beyond the socket's write buffer). A snapshot
+//! ([`LiveKind::Snapshot`]) replaces its operation's unsent one in place, so a client that reads
+//! again gets the latest; an event cannot be dropped without the client knowing, so one past the
+//! budget closes the socket with 4413, which a client treats as a cue to reconnect.
 //!
 //! Credentials that expire: when `on_init`'s data holds a [`CredentialsExpire`], the operations
 //! that read something of the viewer (those selecting a field the settings'
@@ -27,8 +34,9 @@
 //! `Data`.
 
 use std::any::TypeId;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use async_graphql::http::{ClientMessage, WebSocketProtocols, WsMessage};
@@ -50,8 +58,23 @@ const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
 /// The code of a legacy `connection_error` for a protocol mistake (a second `connection_init`).
 const CLIENT_ERROR: &str = "BAD_USER_INPUT";
 
+/// The driver's metrics, which the server describes.
+pub const SOCKETS_OPEN: &str = "pulse_live_sockets_open";
+/// Operations running, by subscription field (`field`).
+pub const OPERATIONS: &str = "pulse_live_operations";
+pub const MESSAGES_SENT: &str = "pulse_live_messages_sent_total";
+pub const BYTES_SENT: &str = "pulse_live_bytes_sent_total";
+/// Bytes of messages waiting for sockets that have not taken them yet, all sockets together.
+pub const QUEUED_BYTES: &str = "pulse_live_queued_bytes";
+pub const SNAPSHOTS_REPLACED: &str = "pulse_live_snapshots_replaced_total";
+pub const SLOW_CONSUMER_CLOSES: &str = "pulse_live_slow_consumer_closes_total";
+pub const PING_TIMEOUTS: &str = "pulse_live_ping_timeouts_total";
+
 /// The close code of a socket from which nothing was heard within the pong timeout.
 pub const PING_TIMEOUT: u16 = 3008;
+/// The close code of a socket that fell more than its send budget behind on an event stream. The
+/// client may reconnect and subscribe again; what it missed in between is not sent.
+pub const SLOW_CONSUMER: u16 = 4413;
 
 /// How a connection is bounded.
 #[derive(Clone, Debug)]
@@ -67,6 +90,30 @@ pub struct Settings {
     /// Whether a field's answer depends on who the viewer is: an operation selecting one, at any
     /// depth, ends when the connection's credentials expire.
     pub viewer_fields: fn(&str) -> bool,
+    /// The schema's subscription fields and what they send. An operation on a field not listed
+    /// is an event stream.
+    pub live_fields: &'static [LiveField],
+    /// Bytes of messages that may wait for a socket that does not keep up (beyond the socket's own
+    /// write buffer; one larger message may wait alone). Past it, a snapshot replaces its
+    /// operation's unsent one; anything else closes the socket with [`SLOW_CONSUMER`].
+    pub send_budget: usize,
+}
+
+/// A subscription field of the schema.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveField {
+    pub name: &'static str,
+    pub kind: LiveKind,
+}
+
+/// What a subscription field sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LiveKind {
+    /// Each message is the whole current state: one that was not sent yet is worthless once a
+    /// newer one exists.
+    Snapshot,
+    /// Each message is a change the client cannot learn otherwise: none may be dropped.
+    Event,
 }
 
 /// When the credentials a connection was initialised with stop being valid. The server puts it in
@@ -97,10 +144,10 @@ type Forwarded = (
     Option<OwnedSemaphorePermit>,
 );
 
-/// Serves GraphQL over `socket` until the client leaves, breaks the protocol, stops answering, or
-/// `shutdown` is cancelled. `on_init` gets the `connection_init` payload and returns the data every
-/// operation of the connection sees, or the error that refuses the connection (4403 on
-/// graphql-transport-ws).
+/// Serves GraphQL over `socket` until the client leaves, breaks the protocol, stops answering,
+/// falls too far behind, or `shutdown` is cancelled. `on_init` gets the `connection_init` payload
+/// and returns the data every operation of the connection sees, or the error that refuses the
+/// connection (4403 on graphql-transport-ws).
 pub async fn serve<E, OnInit, InitFuture>(
     socket: WebSocket,
     protocol: WebSocketProtocols,
@@ -114,6 +161,7 @@ pub async fn serve<E, OnInit, InitFuture>(
     InitFuture: Future<Output = async_graphql::Result<Data>> + Send + 'static,
 {
     let (mut sink, mut stream) = socket.split();
+    let _open = OpenSocket::new();
     let session = Arc::new(Mutex::new(Session::new(protocol, &settings)));
     let on_init = {
         let session = session.clone();
@@ -147,6 +195,9 @@ pub async fn serve<E, OnInit, InitFuture>(
     let graphql = async_graphql::http::WebSocket::from_message_stream(executor, input, protocol)
         .on_connection_init(on_init);
     let mut graphql = std::pin::pin!(graphql);
+    // Everything the server sends waits here until the socket takes it, so that a client that
+    // does not read holds back nothing but its own queue.
+    let mut outbox = Outbox::new(settings.send_budget);
     let mut init_deadline = std::pin::pin!(tokio::time::sleep(settings.init_timeout));
     let mut awaiting_init = true;
     let pinging = !settings.ping_interval.is_zero();
@@ -168,6 +219,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                 awaiting_init = false;
             }
             () = &mut pong_deadline, if awaiting_pong => {
+                metrics::counter!(PING_TIMEOUTS).increment(1);
                 break Some(close_frame(PING_TIMEOUT, "Ping timeout: nothing heard from the client"));
             }
             () = &mut expiry, if expiry_armed => {
@@ -177,9 +229,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                     if let Some(forward) = &forward {
                         let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                     }
-                    if send_ended(&mut sink, protocol, &id).await.is_err() {
-                        break;
-                    }
+                    outbox.push_ended(protocol, &id);
                 }
             }
             (received, place) = async {
@@ -208,9 +258,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                         Admission::Forward => {}
                         Admission::Close(frame) => break Some(frame),
                         Admission::Unauthenticated(id) => {
-                            if send_ended(&mut sink, protocol, &id).await.is_err() {
-                                break None;
-                            }
+                            outbox.push_ended(protocol, &id);
                             continue;
                         }
                     }
@@ -227,13 +275,16 @@ pub async fn serve<E, OnInit, InitFuture>(
                     awaiting_pong = true;
                     pong_deadline.as_mut().reset(Instant::now() + settings.pong_timeout);
                 }
-                if send_ping(&mut sink, protocol).await.is_err() {
+                outbox.push_ping(protocol);
+            }
+            written = std::future::poll_fn(|cx| outbox.poll_drain(&mut sink, cx)), if outbox.busy() => {
+                if written.is_err() {
                     break None;
                 }
             }
             message = graphql.next() => match message {
                 Some(WsMessage::Text(text)) => {
-                    let (text, expires) = {
+                    let (outgoing, expires) = {
                         let mut session = lock(&session);
                         (session.outgoing(text), session.expires.filter(|_| !session.expired))
                     };
@@ -242,9 +293,19 @@ pub async fn serve<E, OnInit, InitFuture>(
                         expiry.as_mut().reset(Instant::now() + left);
                         expiry_armed = true;
                     }
-                    let Some(text) = text else { continue };
-                    if sink.send(Message::Text(text.into())).await.is_err() {
-                        break None;
+                    let pushed = match outgoing {
+                        Outgoing::Send(text) => outbox.push(text, None),
+                        Outgoing::Snapshot(text, id) => outbox.push(text, Some(id)),
+                        Outgoing::Drop => continue,
+                    };
+                    if pushed.is_err() {
+                        metrics::counter!(SLOW_CONSUMER_CLOSES).increment(1);
+                        outbox.clear();
+                        let reason = format!(
+                            "Slow consumer: more than {} bytes waiting to be sent",
+                            settings.send_budget
+                        );
+                        break Some(close_frame(SLOW_CONSUMER, &reason));
                     }
                 }
                 Some(WsMessage::Close(code, reason)) => {
@@ -258,7 +319,15 @@ pub async fn serve<E, OnInit, InitFuture>(
         }
     };
     let Some(close) = close else { return };
-    if sink.send(Message::Close(Some(close))).await.is_ok() {
+    outbox.push_close(close);
+    // The close waits behind what the network already holds, which a slow client may take a
+    // while to read; one that reads nothing holds it no longer than a silent one is kept.
+    let closed = tokio::time::timeout(
+        settings.pong_timeout.max(CLOSE_REPLY_WAIT),
+        std::future::poll_fn(|cx| outbox.poll_drain(&mut sink, cx)),
+    )
+    .await;
+    if matches!(closed, Ok(Ok(()))) {
         let _ = tokio::time::timeout(CLOSE_REPLY_WAIT, async {
             while let Some(Ok(message)) = stream.next().await {
                 if matches!(message, Message::Close(_)) {
@@ -270,6 +339,178 @@ pub async fn serve<E, OnInit, InitFuture>(
     }
 }
 
+/// A socket counted in [`SOCKETS_OPEN`] while it lives.
+struct OpenSocket(metrics::Gauge);
+
+impl OpenSocket {
+    fn new() -> Self {
+        let open = metrics::gauge!(SOCKETS_OPEN);
+        open.increment(1.0);
+        Self(open)
+    }
+}
+
+impl Drop for OpenSocket {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// What waits for the socket: at most a budget of bytes, or one message if it is larger.
+struct Outbox {
+    queue: VecDeque<Queued>,
+    /// The bytes of the text messages in `queue`.
+    bytes: usize,
+    budget: usize,
+    /// A message went into the socket since it was last flushed.
+    unflushed: bool,
+    /// [`QUEUED_BYTES`], kept in step with `bytes`.
+    queued: metrics::Gauge,
+    /// [`MESSAGES_SENT`] and [`BYTES_SENT`], held rather than looked up per message.
+    messages_sent: metrics::Counter,
+    bytes_sent: metrics::Counter,
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        self.queued.decrement(self.bytes as f64);
+    }
+}
+
+struct Queued {
+    message: Message,
+    /// The operation whose snapshot this is: a newer one replaces it while it waits.
+    snapshot_of: Option<String>,
+}
+
+/// A message past the budget, which could replace nothing.
+#[derive(Debug)]
+struct OverBudget;
+
+impl Outbox {
+    fn new(budget: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            bytes: 0,
+            budget,
+            unflushed: false,
+            queued: metrics::gauge!(QUEUED_BYTES),
+            messages_sent: metrics::counter!(MESSAGES_SENT),
+            bytes_sent: metrics::counter!(BYTES_SENT),
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.unflushed || !self.queue.is_empty()
+    }
+
+    /// Queues `text`; a snapshot replaces the unsent one of its operation, in its place.
+    fn push(&mut self, text: String, snapshot_of: Option<String>) -> Result<(), OverBudget> {
+        if let Some(id) = &snapshot_of {
+            let waiting = self
+                .queue
+                .iter_mut()
+                .find(|queued| queued.snapshot_of.as_ref() == Some(id));
+            if let Some(waiting) = waiting {
+                let (added, removed) = (text.len(), message_bytes(&waiting.message));
+                waiting.message = Message::Text(text.into());
+                self.bytes = self.bytes - removed + added;
+                self.queued.increment(added as f64);
+                self.queued.decrement(removed as f64);
+                metrics::counter!(SNAPSHOTS_REPLACED).increment(1);
+                return Ok(());
+            }
+        }
+        // What nothing waits ahead of goes to the socket as soon as it takes anything, whatever its
+        // size: the budget bounds what piles up behind it.
+        if !self.queue.is_empty() && self.bytes + text.len() > self.budget {
+            return Err(OverBudget);
+        }
+        self.bytes += text.len();
+        self.queued.increment(text.len() as f64);
+        self.queue.push_back(Queued {
+            message: Message::Text(text.into()),
+            snapshot_of,
+        });
+        Ok(())
+    }
+
+    /// Control messages are a few bytes each and one at a time: they are never refused.
+    fn push_control(&mut self, message: Message) {
+        self.bytes += message_bytes(&message);
+        self.queued.increment(message_bytes(&message) as f64);
+        self.queue.push_back(Queued {
+            message,
+            snapshot_of: None,
+        });
+    }
+
+    fn push_ping(&mut self, protocol: WebSocketProtocols) {
+        if protocol == WebSocketProtocols::GraphQLWS {
+            self.push_control(Message::Text(r#"{"type":"ping"}"#.into()));
+            return;
+        }
+        self.push_control(Message::Text(r#"{"type":"ka"}"#.into()));
+        self.push_control(Message::Ping(Default::default()));
+    }
+
+    /// The end of operation `id` for want of valid credentials: an `error` coded
+    /// `UNAUTHENTICATED`, then `complete`.
+    fn push_ended(&mut self, protocol: WebSocketProtocols, id: &str) {
+        let error = serde_json::json!({
+            "message": "the connection's credentials expired; sign in again and subscribe anew",
+            "extensions": { "code": UNAUTHENTICATED },
+        });
+        // graphql-transport-ws's `error` carries a list of errors, the legacy protocol's one.
+        let payload = match protocol {
+            WebSocketProtocols::GraphQLWS => serde_json::json!([error]),
+            WebSocketProtocols::SubscriptionsTransportWS => error,
+        };
+        let error = serde_json::json!({ "type": "error", "id": id, "payload": payload });
+        let complete = serde_json::json!({ "type": "complete", "id": id });
+        self.push_control(Message::Text(error.to_string().into()));
+        self.push_control(Message::Text(complete.to_string().into()));
+    }
+
+    fn push_close(&mut self, frame: CloseFrame) {
+        self.push_control(Message::Close(Some(frame)));
+    }
+
+    fn clear(&mut self) {
+        self.queue.clear();
+        self.queued.decrement(self.bytes as f64);
+        self.bytes = 0;
+    }
+
+    /// Moves what waits into the socket as far as it takes it, and flushes.
+    fn poll_drain<S>(&mut self, sink: &mut S, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>>
+    where
+        S: futures_util::Sink<Message> + Unpin,
+    {
+        while !self.queue.is_empty() {
+            std::task::ready!(sink.poll_ready_unpin(cx))?;
+            let Queued { message, .. } = self.queue.pop_front().expect("not empty");
+            let bytes = message_bytes(&message);
+            self.bytes -= bytes;
+            self.queued.decrement(bytes as f64);
+            sink.start_send_unpin(message)?;
+            self.unflushed = true;
+            self.messages_sent.increment(1);
+            self.bytes_sent.increment(bytes as u64);
+        }
+        std::task::ready!(sink.poll_flush_unpin(cx))?;
+        self.unflushed = false;
+        Poll::Ready(Ok(()))
+    }
+}
+
+fn message_bytes(message: &Message) -> usize {
+    match message {
+        Message::Text(text) => text.len(),
+        _ => 0,
+    }
+}
+
 fn credentials_expire(data: &Data) -> Option<SystemTime> {
     let value = data.get(&TypeId::of::<CredentialsExpire>())?;
     (**value)
@@ -277,70 +518,63 @@ fn credentials_expire(data: &Data) -> Option<SystemTime> {
         .map(|expire| expire.0)
 }
 
-/// The ping of `protocol`: graphql-transport-ws clients answer its `ping`; legacy clients answer
-/// nothing of theirs, but their websocket answers a Ping frame.
-async fn send_ping<S>(sink: &mut S, protocol: WebSocketProtocols) -> Result<(), S::Error>
-where
-    S: futures_util::Sink<Message> + Unpin,
-{
-    if protocol == WebSocketProtocols::GraphQLWS {
-        return sink.send(Message::Text(r#"{"type":"ping"}"#.into())).await;
-    }
-    sink.feed(Message::Text(r#"{"type":"ka"}"#.into())).await?;
-    sink.send(Message::Ping(Default::default())).await
+/// What the driver knows of a running operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Operation {
+    /// Its subscription field, as the metrics name it (`other` for what the settings do not list,
+    /// so that a client cannot invent label values).
+    field: &'static str,
+    /// It selects a field whose answer depends on the viewer.
+    reads_viewer: bool,
+    /// Each of its messages is a whole snapshot.
+    snapshot: bool,
 }
 
-/// The end of operation `id` for want of valid credentials: an `error` coded `UNAUTHENTICATED`,
-/// then `complete`.
-async fn send_ended<S>(sink: &mut S, protocol: WebSocketProtocols, id: &str) -> Result<(), S::Error>
-where
-    S: futures_util::Sink<Message> + Unpin,
-{
-    let error = serde_json::json!({
-        "message": "the connection's credentials expired; sign in again and subscribe anew",
-        "extensions": { "code": UNAUTHENTICATED },
-    });
-    // graphql-transport-ws's `error` carries a list of errors, the legacy protocol's one error.
-    let payload = match protocol {
-        WebSocketProtocols::GraphQLWS => serde_json::json!([error]),
-        WebSocketProtocols::SubscriptionsTransportWS => error,
+/// The operation `request` runs. A document that does not parse here (or a persisted one, sent by
+/// its hash alone) counts as reading the viewer and sending events, the cautious guess.
+fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Operation {
+    let unknown = Operation {
+        field: "other",
+        reads_viewer: true,
+        snapshot: false,
     };
-    let error = serde_json::json!({ "type": "error", "id": id, "payload": payload });
-    let complete = serde_json::json!({ "type": "complete", "id": id });
-    sink.feed(Message::Text(error.to_string().into())).await?;
-    sink.send(Message::Text(complete.to_string().into())).await
-}
-
-/// Whether the operation `request` runs selects a field `viewer_fields` names. A document that
-/// does not parse here (or a persisted one, sent by its hash alone) counts as reading the viewer.
-fn reads_viewer(request: &async_graphql::Request, viewer_fields: fn(&str) -> bool) -> bool {
     let Ok(document) = async_graphql::parser::parse_query(&request.query) else {
-        return true;
+        return unknown;
     };
-    let mut spread = HashSet::new();
-    match &document.operations {
-        DocumentOperations::Single(operation) => selects(
-            &operation.node.selection_set.node,
-            &document,
-            viewer_fields,
-            &mut spread,
-        ),
-        DocumentOperations::Multiple(operations) => operations
-            .iter()
-            .filter(|(name, _)| {
-                request
-                    .operation_name
-                    .as_deref()
-                    .is_none_or(|wanted| name.as_str() == wanted)
-            })
-            .any(|(_, operation)| {
-                selects(
-                    &operation.node.selection_set.node,
-                    &document,
-                    viewer_fields,
-                    &mut spread,
-                )
-            }),
+    let operation = match &document.operations {
+        DocumentOperations::Single(operation) => Some(operation),
+        DocumentOperations::Multiple(operations) => match request.operation_name.as_deref() {
+            Some(name) => operations.get(name),
+            None => None,
+        },
+    };
+    let Some(operation) = operation else {
+        return unknown;
+    };
+    let root = &operation.node.selection_set.node;
+    let fields: Vec<Option<&LiveField>> = root
+        .items
+        .iter()
+        .filter_map(|item| match &item.node {
+            Selection::Field(field) if field.node.name.node != "__typename" => {
+                let name = field.node.name.node.as_str();
+                Some(settings.live_fields.iter().find(|live| live.name == name))
+            }
+            Selection::Field(_) => None,
+            // A fragment at the root is not looked into: its fields count as unknown.
+            _ => Some(None),
+        })
+        .collect();
+    Operation {
+        field: match fields.as_slice() {
+            [Some(live)] => live.name,
+            _ => "other",
+        },
+        reads_viewer: selects(root, &document, settings.viewer_fields, &mut HashSet::new()),
+        snapshot: !fields.is_empty()
+            && fields
+                .iter()
+                .all(|live| live.is_some_and(|live| live.kind == LiveKind::Snapshot)),
     }
 }
 
@@ -401,19 +635,23 @@ enum Admission {
     Unauthenticated(String),
 }
 
+/// What of the settings a session reads.
+struct SessionSettings {
+    max_subscriptions: usize,
+    viewer_fields: fn(&str) -> bool,
+    live_fields: &'static [LiveField],
+}
+
 /// What the driver must know of the conversation that async-graphql keeps to itself.
 struct Session {
     protocol: WebSocketProtocols,
-    max_subscriptions: usize,
-    viewer_fields: fn(&str) -> bool,
+    settings: SessionSettings,
     initialised: bool,
     /// Whether the server has sent `connection_ack`.
     acknowledged: bool,
-    /// Ids whose operation is still running: from the client's `subscribe` (`start` on the legacy
+    /// The operations still running, by id: from the client's `subscribe` (`start` on the legacy
     /// protocol) until the client's or the server's `complete` (`stop`).
-    running: HashSet<String>,
-    /// The running operations that read the viewer.
-    reading_viewer: HashSet<String>,
+    running: HashMap<String, Operation>,
     /// Operations the driver ended (their credentials expired) whose end async-graphql has not
     /// yet confirmed: what it still sends for them is dropped.
     ended: HashSet<String>,
@@ -425,6 +663,14 @@ struct Session {
     init_refusal: Option<ErrorExtensionValues>,
 }
 
+impl Drop for Session {
+    fn drop(&mut self) {
+        for operation in self.running.values() {
+            metrics::gauge!(OPERATIONS, "field" => operation.field).decrement(1.0);
+        }
+    }
+}
+
 /// The fields of a server message the driver looks at; the payload is skipped unparsed.
 #[derive(Deserialize)]
 struct Envelope {
@@ -433,16 +679,28 @@ struct Envelope {
     id: Option<String>,
 }
 
+/// What becomes of a server message.
+#[derive(Debug, PartialEq, Eq)]
+enum Outgoing {
+    Send(String),
+    /// A snapshot of the operation with this id.
+    Snapshot(String, String),
+    /// A message of an operation the driver ended.
+    Drop,
+}
+
 impl Session {
     fn new(protocol: WebSocketProtocols, settings: &Settings) -> Self {
         Self {
             protocol,
-            max_subscriptions: settings.max_subscriptions,
-            viewer_fields: settings.viewer_fields,
+            settings: SessionSettings {
+                max_subscriptions: settings.max_subscriptions,
+                viewer_fields: settings.viewer_fields,
+                live_fields: settings.live_fields,
+            },
             initialised: false,
             acknowledged: false,
-            running: HashSet::new(),
-            reading_viewer: HashSet::new(),
+            running: HashMap::new(),
             ended: HashSet::new(),
             expires: None,
             expired: false,
@@ -450,37 +708,40 @@ impl Session {
         }
     }
 
+    fn start(&mut self, id: String, operation: Operation) {
+        metrics::gauge!(OPERATIONS, "field" => operation.field).increment(1.0);
+        if let Some(replaced) = self.running.insert(id, operation) {
+            metrics::gauge!(OPERATIONS, "field" => replaced.field).decrement(1.0);
+        }
+    }
+
+    fn stop(&mut self, id: &str) {
+        if let Some(stopped) = self.running.remove(id) {
+            metrics::gauge!(OPERATIONS, "field" => stopped.field).decrement(1.0);
+        }
+    }
+
     fn admit(&mut self, message: &ClientMessage) -> Admission {
         match message {
             ClientMessage::ConnectionInit { .. } => self.initialised = true,
             ClientMessage::Start { id, payload } => {
-                let running = self.running.contains(id);
+                let running = self.running.contains_key(id);
                 if running && self.protocol == WebSocketProtocols::GraphQLWS {
                     let reason = format!("Subscriber for {id} already exists");
                     return Admission::Close(close_frame(4409, &reason));
                 }
-                if !running && self.running.len() >= self.max_subscriptions {
-                    let reason = format!(
-                        "more than {} operations at once on one connection",
-                        self.max_subscriptions
-                    );
+                let max = self.settings.max_subscriptions;
+                if !running && self.running.len() >= max {
+                    let reason = format!("more than {max} operations at once on one connection");
                     return Admission::Close(close_frame(1008, &reason));
                 }
-                let reading_viewer = reads_viewer(payload, self.viewer_fields);
-                if reading_viewer && self.expired {
+                let operation = classify(payload, &self.settings);
+                if operation.reads_viewer && self.expired {
                     return Admission::Unauthenticated(id.clone());
                 }
-                self.running.insert(id.clone());
-                if reading_viewer {
-                    self.reading_viewer.insert(id.clone());
-                } else {
-                    self.reading_viewer.remove(id);
-                }
+                self.start(id.clone(), operation);
             }
-            ClientMessage::Stop { id } => {
-                self.running.remove(id);
-                self.reading_viewer.remove(id);
-            }
+            ClientMessage::Stop { id } => self.stop(id),
             _ => {}
         }
         Admission::Forward
@@ -489,9 +750,14 @@ impl Session {
     /// The credentials expired: the operations reading the viewer end, and their ids are free.
     fn expire(&mut self) -> Vec<String> {
         self.expired = true;
-        let ended: Vec<String> = self.reading_viewer.drain().collect();
+        let ended: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, operation)| operation.reads_viewer)
+            .map(|(id, _)| id.clone())
+            .collect();
         for id in &ended {
-            self.running.remove(id);
+            self.stop(id);
             self.ended.insert(id.clone());
         }
         ended
@@ -500,13 +766,13 @@ impl Session {
     /// A server message on its way out, if it still goes: noted, and on the legacy protocol a
     /// `connection_error` given a code like every other error (async-graphql sends the message
     /// alone).
-    fn outgoing(&mut self, text: String) -> Option<String> {
+    fn outgoing(&mut self, text: String) -> Outgoing {
         if self.protocol == WebSocketProtocols::SubscriptionsTransportWS
             && text.contains("connection_error")
         {
-            return Some(self.coded_connection_error(&text).unwrap_or(text));
+            return Outgoing::Send(self.coded_connection_error(&text).unwrap_or(text));
         }
-        self.sent(&text).then_some(text)
+        self.sent(text)
     }
     fn coded_connection_error(&self, text: &str) -> Option<String> {
         let mut message: serde_json::Value = serde_json::from_str(text).ok()?;
@@ -531,26 +797,33 @@ impl Session {
         Some(message.to_string())
     }
 
-    /// Notes a server message: the `connection_ack`, and a `complete` that frees its id for reuse.
-    /// False for a message of an operation the driver ended, which the client must not see.
-    fn sent(&mut self, text: &str) -> bool {
+    /// Notes a server message: the `connection_ack`, and a `complete` that frees its id for reuse;
+    /// says whether it is a snapshot, or a message of an operation the driver ended, which the
+    /// client must not see.
+    fn sent(&mut self, text: String) -> Outgoing {
         if self.acknowledged && self.running.is_empty() && self.ended.is_empty() {
-            return true;
+            return Outgoing::Send(text);
         }
-        let Ok(Envelope { kind, id }) = serde_json::from_str(text) else {
-            return true;
+        let Ok(Envelope { kind, id }) = serde_json::from_str(&text) else {
+            return Outgoing::Send(text);
         };
         match (kind.as_str(), id) {
             ("connection_ack", _) => self.acknowledged = true,
             // The driver sent this operation's `complete` itself.
-            ("complete", Some(id)) if self.ended.remove(&id) => return false,
-            ("complete", Some(id)) => {
-                self.running.remove(&id);
+            ("complete", Some(id)) if self.ended.remove(&id) => return Outgoing::Drop,
+            ("complete", Some(id)) => self.stop(&id),
+            (_, Some(id)) if self.ended.contains(&id) => return Outgoing::Drop,
+            ("next" | "data", Some(id))
+                if self
+                    .running
+                    .get(&id)
+                    .is_some_and(|operation| operation.snapshot) =>
+            {
+                return Outgoing::Snapshot(text, id);
             }
-            (_, Some(id)) => return !self.ended.contains(&id),
             _ => {}
         }
-        true
+        Outgoing::Send(text)
     }
 
     /// The close frame for a close async-graphql asks for. On graphql-transport-ws it uses generic
@@ -598,7 +871,58 @@ mod tests {
             pong_timeout: Duration::from_secs(10),
             max_subscriptions: MAX_SUBSCRIPTIONS,
             viewer_fields: |field| field.starts_with("viewer"),
+            live_fields: &[
+                LiveField {
+                    name: "board",
+                    kind: LiveKind::Snapshot,
+                },
+                LiveField {
+                    name: "news",
+                    kind: LiveKind::Event,
+                },
+            ],
+            send_budget: 1024,
         }
+    }
+
+    fn operation(query: &str) -> Operation {
+        let session = new_session(WebSocketProtocols::GraphQLWS);
+        classify(&async_graphql::Request::new(query), &session.settings)
+    }
+
+    #[test]
+    fn an_operation_is_a_snapshot_only_when_all_its_fields_are_and_named_only_when_listed() {
+        let board = operation("subscription { board { top } __typename }");
+        assert_eq!((board.field, board.snapshot), ("board", true));
+        let news = operation("subscription { news { title } }");
+        assert_eq!((news.field, news.snapshot), ("news", false));
+        let both = operation("subscription { board { top } news { title } }");
+        assert_eq!((both.field, both.snapshot), ("other", false));
+        let invented = operation("subscription { inventedByTheClient }");
+        assert_eq!((invented.field, invented.snapshot), ("other", false));
+    }
+
+    #[test]
+    fn a_waiting_snapshot_is_replaced_in_place_and_nothing_else_passes_the_budget() {
+        let mut outbox = Outbox::new(100);
+        outbox.push("a".repeat(40), Some("board".into())).unwrap();
+        outbox.push("e".repeat(40), None).unwrap();
+        outbox.push("b".repeat(50), Some("board".into())).unwrap();
+        assert_eq!((outbox.bytes, outbox.queue.len()), (90, 2));
+        assert!(
+            matches!(&outbox.queue[0].message, Message::Text(text) if text.as_str().starts_with('b'))
+        );
+        assert!(outbox.push("e".repeat(20), None).is_err());
+        assert!(
+            outbox
+                .push("c".repeat(20), Some("other board".into()))
+                .is_err()
+        );
+        assert_eq!(outbox.bytes, 90);
+
+        let mut empty = Outbox::new(100);
+        empty.push("l".repeat(500), None).unwrap();
+        assert!(empty.push("e".to_owned(), None).is_err());
     }
 
     fn new_session(protocol: WebSocketProtocols) -> Session {
@@ -643,7 +967,10 @@ mod tests {
             serde_json::json!({ "type": "complete", "id": "1" })
         ));
         assert!(admit(&mut session, subscribe("1")));
-        assert!(session.sent(r#"{"type":"complete","id":"1"}"#));
+        assert_eq!(
+            session.sent(r#"{"type":"complete","id":"1"}"#.to_owned()),
+            Outgoing::Send(r#"{"type":"complete","id":"1"}"#.to_owned())
+        );
         assert!(admit(&mut session, subscribe("1")));
     }
 
@@ -667,9 +994,26 @@ mod tests {
         ended.sort();
         assert_eq!(ended, ["direct", "garbled", "spread"]);
         // What async-graphql still sends for an ended operation, its `complete` included, is dropped.
-        assert!(!session.sent(r#"{"type":"next","id":"direct","payload":{}}"#));
-        assert!(!session.sent(r#"{"type":"complete","id":"direct"}"#));
-        assert!(session.sent(r#"{"type":"next","id":"public","payload":{}}"#));
+        let sent = |session: &mut Session, text: &str| session.sent(text.to_owned());
+        assert_eq!(
+            sent(
+                &mut session,
+                r#"{"type":"next","id":"direct","payload":{}}"#
+            ),
+            Outgoing::Drop
+        );
+        assert_eq!(
+            sent(&mut session, r#"{"type":"complete","id":"direct"}"#),
+            Outgoing::Drop
+        );
+        // The operation that goes on is a snapshot of the `board` field.
+        assert!(matches!(
+            sent(
+                &mut session,
+                r#"{"type":"next","id":"public","payload":{}}"#
+            ),
+            Outgoing::Snapshot(_, id) if id == "public"
+        ));
         assert!(matches!(
             admission(&mut session, query("later", "subscription { viewerFeed { id } }")),
             Admission::Unauthenticated(id) if id == "later"
@@ -714,7 +1058,10 @@ mod tests {
 
     fn connection_error(session: &mut Session) -> serde_json::Value {
         let sent = r#"{"type":"connection_error","payload":{"message":"refused"}}"#;
-        serde_json::from_str(&session.outgoing(sent.to_owned()).expect("sent")).unwrap()
+        match session.outgoing(sent.to_owned()) {
+            Outgoing::Send(text) => serde_json::from_str(&text).unwrap(),
+            other => panic!("not sent: {other:?}"),
+        }
     }
 
     #[test]
@@ -739,7 +1086,7 @@ mod tests {
         assert_eq!(error["payload"]["extensions"]["code"], "UNAUTHENTICATED");
 
         let mut session = new_session(legacy);
-        session.sent(r#"{"type":"connection_ack"}"#);
+        session.sent(r#"{"type":"connection_ack"}"#.to_owned());
         let error = connection_error(&mut session);
         assert_eq!(error["payload"]["extensions"]["code"], "BAD_USER_INPUT");
     }

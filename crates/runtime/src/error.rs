@@ -21,6 +21,9 @@ pub enum AppError {
         /// The argument or input field at fault, when there is one.
         field: Option<&'static str>,
     },
+    /// An event stream cannot resume from the client's position; the message says what to re-read.
+    #[error("{0}")]
+    ResyncRequired(&'static str),
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error("database error: {0}")]
@@ -54,6 +57,7 @@ impl AppError {
             Self::NotFound(_) | Self::NoSuchHandle(_) => "NOT_FOUND",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::ResyncRequired(_) => "RESYNC_REQUIRED",
             Self::Database(err) if crate::sql::transient(err).is_some() => "UNAVAILABLE",
             Self::Redis(err) if crate::redis::link::is_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
