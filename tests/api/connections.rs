@@ -717,10 +717,11 @@ async fn an_event_subscriber_that_stops_reading_is_closed_with_4413_once_past_it
     .await;
     wait_until_listening(&app).await;
 
-    // Articles of 16,000 characters each, half the budget, until the server gives up on the
-    // socket. Announcements trail the publishes (they are relayed from SQL's outbox), so the
-    // close may come after the last one.
-    let body = "y".repeat(16_000);
+    // Articles of 48,000 characters each, until the server gives up on the socket: few are
+    // needed to fill what the network holds, even when a busy process skips some announcements
+    // for a lagging listener. Announcements trail the publishes (they are relayed from SQL's
+    // outbox), so the close may come after the last one.
+    let body = "y".repeat(48_000);
     let publish = "mutation($t: String!, $b: String!) { publishArticle(input: { title: $t, body: $b }) { id } }";
     let slow_closes = async || {
         metric(
@@ -762,13 +763,9 @@ async fn an_event_subscriber_that_stops_reading_is_closed_with_4413_once_past_it
         }
     };
     assert_eq!(u16::from(frame.code), 4413, "{frame:?}");
-    // Closed for falling behind, not for one large message: the network took some first, and
-    // more than the budget was published.
+    // Closed for falling behind, not for a message's size: the network took some first (one
+    // message past the budget may wait alone; the next one behind it closes the socket).
     assert!(delivered > 0, "nothing delivered of {published}");
-    assert!(
-        published * body.len() > SEND_BUDGET,
-        "closed after {published} articles"
-    );
     assert!(
         delivered < published,
         "{delivered} of {published} delivered"
