@@ -231,6 +231,18 @@ pub const METRICS: &[Metric] = &[
         initial: NO_LABELS,
     },
     Metric {
+        name: "pulse_live_replayed_total",
+        kind: MetricKind::Counter,
+        help: "Events a resumed subscription (feedItemAdded or articlePublished with `after`) sent from history before going live",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_live_resyncs_total",
+        kind: MetricKind::Counter,
+        help: "Resumed subscriptions ended with RESYNC_REQUIRED because their history no longer reaches the cursor",
+        initial: NO_LABELS,
+    },
+    Metric {
         name: "pulse_live_subscribers",
         kind: MetricKind::Gauge,
         help: "Live subscriptions served by a coalescing watcher, by kind (leaderboardChanged, articleStatsChanged)",
