@@ -52,6 +52,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::guard;
+
 /// The code of a legacy `connection_error` for a `connection_init` refused without a code of its
 /// own, and of the error that ends an operation whose credentials expired.
 const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
@@ -538,6 +540,11 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
         reads_viewer: true,
         snapshot: false,
     };
+    // The parser recurses once per nesting level: a document nested past the guard's limit would
+    // overflow the stack here, before the pipeline refuses it.
+    if guard::check_nesting(&request.query).is_err() {
+        return unknown;
+    }
     let Ok(document) = async_graphql::parser::parse_query(&request.query) else {
         return unknown;
     };
@@ -570,7 +577,13 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
             [Some(live)] => live.name,
             _ => "other",
         },
-        reads_viewer: selects(root, &document, settings.viewer_fields, &mut HashSet::new()),
+        reads_viewer: selects(
+            root,
+            &document,
+            settings.viewer_fields,
+            &mut HashSet::new(),
+            0,
+        ),
         snapshot: !fields.is_empty()
             && fields
                 .iter()
@@ -578,25 +591,48 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
     }
 }
 
+/// Whether `set` selects a field `wanted` names, at any depth. Past [`guard::MAX_NESTING`] levels
+/// (a chain of fragments can nest deeper than any one of them) it answers yes, the cautious guess,
+/// rather than recurse further.
 fn selects(
     set: &SelectionSet,
     document: &ExecutableDocument,
     wanted: fn(&str) -> bool,
     spread: &mut HashSet<Name>,
+    depth: usize,
 ) -> bool {
+    if depth > guard::MAX_NESTING {
+        return true;
+    }
     set.items.iter().any(|item| match &item.node {
         Selection::Field(field) => {
             wanted(field.node.name.node.as_str())
-                || selects(&field.node.selection_set.node, document, wanted, spread)
+                || selects(
+                    &field.node.selection_set.node,
+                    document,
+                    wanted,
+                    spread,
+                    depth + 1,
+                )
         }
-        Selection::InlineFragment(fragment) => {
-            selects(&fragment.node.selection_set.node, document, wanted, spread)
-        }
+        Selection::InlineFragment(fragment) => selects(
+            &fragment.node.selection_set.node,
+            document,
+            wanted,
+            spread,
+            depth + 1,
+        ),
         Selection::FragmentSpread(fragment) => {
             let name = &fragment.node.fragment_name.node;
             spread.insert(name.clone())
                 && document.fragments.get(name).is_some_and(|fragment| {
-                    selects(&fragment.node.selection_set.node, document, wanted, spread)
+                    selects(
+                        &fragment.node.selection_set.node,
+                        document,
+                        wanted,
+                        spread,
+                        depth + 1,
+                    )
                 })
         }
     })
@@ -900,6 +936,29 @@ mod tests {
         assert_eq!((both.field, both.snapshot), ("other", false));
         let invented = operation("subscription { inventedByTheClient }");
         assert_eq!((invented.field, invented.snapshot), ("other", false));
+    }
+
+    #[test]
+    fn a_document_nested_past_the_guard_is_not_parsed_and_counts_as_unknown() {
+        // Deep enough to overflow a worker thread's stack in the parser (the fuzzer's case).
+        let depth = 100_000;
+        let nested = format!(
+            "subscription {{ board {}{} }}",
+            "{ a ".repeat(depth),
+            "}".repeat(depth)
+        );
+        let unknown = operation(&nested);
+        assert_eq!(
+            (unknown.field, unknown.reads_viewer, unknown.snapshot),
+            ("other", true, false)
+        );
+
+        // A chain of fragments nests deeper than any one of them: the walk stops, cautiously.
+        let chain = (0..2 * guard::MAX_NESTING)
+            .map(|n| format!("fragment F{n} on Board {{ ...F{} }}", n + 1))
+            .collect::<String>();
+        let spread = operation(&format!("subscription {{ board {{ ...F0 }} }} {chain}"));
+        assert!(spread.reads_viewer);
     }
 
     #[test]
