@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::crash::free_port;
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
 use crate::helpers::{OwnRedis, TestApp, article_row, eventually, test_config};
-use crate::subscriptions::{Socket, connect, next_message, send};
+use crate::subscriptions::{Socket, next_message, subscribed_as};
 use pulse::keys::FeedKeys;
 
 const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title } } }";
@@ -17,19 +17,11 @@ const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title 
 /// A websocket of `user` subscribed to `feedItemAdded`, once the subscription reached Redis and
 /// the user shows as online.
 async fn subscribed(app: &TestApp, user: i64) -> Socket {
-    let mut socket = connect(
+    let socket = subscribed_as(
         app,
-        "graphql-transport-ws",
         json!({ "token": token(app, user) }),
-    )
-    .await;
-    assert_eq!(
-        next_message(&mut socket).await.unwrap()["type"],
-        "connection_ack"
-    );
-    send(
-        &mut socket,
-        json!({ "id": "1", "type": "subscribe", "payload": { "query": FEED_ITEMS } }),
+        FEED_ITEMS,
+        json!({}),
     )
     .await;
     let channel = app.state.redis.keys.feed_channel(user);

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, user_id, users};
 use crate::helpers::{TestApp, article_row, error_code, eventually};
-use crate::subscriptions::{Socket, connect, next_message, send};
+use crate::subscriptions::{Socket, next_message, subscribed_as};
 
 const FEED_ITEMS: &str = "subscription($after: String) {
     feedItemAdded(after: $after) { cursor node { id title } }
@@ -18,23 +18,7 @@ const PUBLISHED: &str = "subscription($after: String, $author: ID) {
 
 /// A websocket of `user` that has sent `query` with `variables` as subscription "1".
 async fn subscription(app: &TestApp, user: i64, query: &str, variables: Value) -> Socket {
-    let mut socket = connect(
-        app,
-        "graphql-transport-ws",
-        json!({ "token": token(app, user) }),
-    )
-    .await;
-    assert_eq!(
-        next_message(&mut socket).await.unwrap()["type"],
-        "connection_ack"
-    );
-    send(
-        &mut socket,
-        json!({ "id": "1", "type": "subscribe",
-                "payload": { "query": query, "variables": variables } }),
-    )
-    .await;
-    socket
+    subscribed_as(app, json!({ "token": token(app, user) }), query, variables).await
 }
 
 async fn feed_items(app: &TestApp, user: i64, after: Option<&str>) -> Socket {

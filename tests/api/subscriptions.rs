@@ -26,6 +26,28 @@ pub async fn open_socket(app: &TestApp, protocol: &str) -> Socket {
     socket
 }
 
+/// A graphql-transport-ws socket, acknowledged after `init_payload`, that has sent `query` with
+/// `variables` as subscription "1".
+pub async fn subscribed_as(
+    app: &TestApp,
+    init_payload: Value,
+    query: &str,
+    variables: Value,
+) -> Socket {
+    let mut socket = connect(app, "graphql-transport-ws", init_payload).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe",
+                "payload": { "query": query, "variables": variables } }),
+    )
+    .await;
+    socket
+}
+
 pub async fn connect(app: &TestApp, protocol: &str, init_payload: Value) -> Socket {
     let mut socket = open_socket(app, protocol).await;
     send(

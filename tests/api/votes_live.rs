@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::crash::free_port;
 use crate::helpers::{OwnRedis, TestApp, app_on_a_private_redis, eventually, two_votes_lead};
 use crate::likes::users;
-use crate::subscriptions::{Socket, connect, next_message, send};
+use crate::subscriptions::{Socket, connect, next_message, send, subscribed_as};
 use crate::votes::{admin, create_poll, row, voter};
 use pulse::keys::VoteKeys;
 
@@ -26,17 +26,8 @@ const LIVE: &str = "subscription($p: ID!, $first: Int) {
 
 /// A dashboard subscribed to the poll's ALL_TIME DISPLAY top `first`, with its first snapshot.
 pub async fn dashboard(app: &TestApp, poll: &str, first: i32) -> (Socket, Value) {
-    let mut socket = connect(app, "graphql-transport-ws", json!({})).await;
-    assert_eq!(
-        next_message(&mut socket).await.unwrap()["type"],
-        "connection_ack"
-    );
-    send(
-        &mut socket,
-        json!({ "id": "1", "type": "subscribe",
-            "payload": { "query": LIVE, "variables": { "p": poll, "first": first } } }),
-    )
-    .await;
+    let variables = json!({ "p": poll, "first": first });
+    let mut socket = subscribed_as(app, json!({}), LIVE, variables).await;
     let first_snapshot = snapshot(&mut socket).await;
     (socket, first_snapshot)
 }
