@@ -122,7 +122,8 @@ pub struct Config {
     #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
 
-    /// How long a SQLite write waits for the file's write lock before the request answers UNAVAILABLE.
+    /// How long a SQLite write waits for the file's write lock before the request answers UNAVAILABLE
+    /// (and, past 5 s, how long a request waits for a pool connection, which queued writers hold).
     #[arg(long, global = true, env = "PULSE_SQLITE_BUSY_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
     pub sqlite_busy_timeout: Duration,
 

@@ -19,6 +19,9 @@ pub use pulse_runtime::sql::{Transient, now, retry_once, transient};
 /// locked file reads as "not ready" rather than as a probe that hung.
 const SQLITE_PROBE_BUSY_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a request waits for one of the pool's connections before it answers UNAVAILABLE.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// `sqlite_busy_timeout`: how long a SQLite write waits for another writer before it fails.
 pub async fn connect(
     url: &str,
@@ -31,11 +34,18 @@ pub async fn connect(
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the directory of {path}"))?;
     }
+    // SQLite's writers queue on the file's lock holding a pool connection each, so a request waiting
+    // for a connection is waiting for that lock: it may wait as long as a write may.
+    let acquire_timeout = if url.starts_with("sqlite:") {
+        ACQUIRE_TIMEOUT.max(sqlite_busy_timeout)
+    } else {
+        ACQUIRE_TIMEOUT
+    };
     let mut options = ConnectOptions::new(url);
     options
         .max_connections(16)
         .connect_timeout(Duration::from_secs(5))
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(acquire_timeout)
         .sqlx_logging(false)
         // WAL lets readers proceed while a writer commits; the busy timeout makes concurrent writers
         // queue instead of failing with "database is locked", but only for as long as a client
