@@ -34,7 +34,8 @@
 -- ARGV[12]  week bucket time-to-live, seconds
 -- ARGV[13]  subject kind code ('1' article, '2' comment)
 -- ARGV[14]  subject id
--- ARGV[15]  channel to tell that the subject's article counters moved ('' none)
+-- ARGV[15]  channel to tell that the subject's article counters moved ('' none; in the shard's slot)
+-- ARGV[16]  the command that publishes on ARGV[15]: PUBLISH (one server) or SPUBLISH (a cluster)
 --
 -- Returns { 1 changed | 0 unchanged, liked (1|0), count }, or { -1, need relation (1|0), need
 -- count (1|0) } when SQL must be read first (the caller reads it and calls again).
@@ -92,6 +93,6 @@ if #KEYS >= 10 then
   redis.call('EXPIRE', KEYS[10], ARGV[12])
 end
 if ARGV[15] ~= '' then
-  redis.call('PUBLISH', ARGV[15], '')
+  redis.call(ARGV[16], ARGV[15], '')
 end
 return { 1, want and 1 or 0, count }

@@ -12,7 +12,9 @@
 -- ARGV[4]  day bucket time-to-live in seconds
 -- ARGV[5]  week bucket time-to-live in seconds
 -- ARGV[6]  the article's SQL view_count, to seed KEYS[2] when it lacks the article; '' when unknown
--- ARGV[7]  channel to tell that the article's counters moved, when the view counts
+-- ARGV[7]  channel to tell that the article's counters moved, when the view counts (in the shard's
+--          slot)
+-- ARGV[8]  the command that publishes on ARGV[7]: PUBLISH (one server) or SPUBLISH (a cluster)
 --
 -- Returns { counted (1|0), total views (base + pending) }, or { -1, 0 } when the base is unknown
 -- and ARGV[6] is '': the caller reads SQL (which also tells whether the article exists) and retries.
@@ -40,7 +42,7 @@ if ARGV[3] == '1' and redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then
   redis.call('EXPIRE', KEYS[5], ARGV[4])
   redis.call('ZINCRBY', KEYS[6], 1, article)
   redis.call('EXPIRE', KEYS[6], ARGV[5])
-  redis.call('PUBLISH', ARGV[7], '')
+  redis.call(ARGV[8], ARGV[7], '')
 end
 
 local pending = tonumber(redis.call('HGET', KEYS[3], article) or '0')

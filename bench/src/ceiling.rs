@@ -15,7 +15,7 @@ use pulse::scripts::SCRIPTS;
 use pulse::views::buckets;
 
 use crate::redis_util;
-use pulse::keys::{ArticleKeys, LikeKeys, ViewKeys, VoteKeys};
+use pulse::keys::{LikeKeys, ViewKeys, VoteKeys};
 
 /// All ceiling calls view or like this article, so every key is in one shard (and one cluster
 /// slot).
@@ -178,7 +178,9 @@ async fn record_view_call(
             buckets::DAY_BUCKET_TTL.as_secs().to_string(),
             buckets::WEEK_BUCKET_TTL.as_secs().to_string(),
             String::new(),
-            keys.article_stats_channel(ARTICLE),
+            shard.article_stats_channel(ARTICLE),
+            // The ceiling runs on one server, as the server's own calls there do.
+            "PUBLISH".into(),
         ],
         counted: hget(shard.pending(), ARTICLE.to_string()),
     })
@@ -232,7 +234,8 @@ async fn like_set_call(
             buckets::WEEK_BUCKET_TTL.as_secs().to_string(),
             subject.kind_code().to_string(),
             ARTICLE.to_string(),
-            keys.article_stats_channel(ARTICLE),
+            shard.article_stats_channel(ARTICLE),
+            "PUBLISH".into(),
         ],
         counted: hget(shard.pending(), field),
     })

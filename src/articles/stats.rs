@@ -56,8 +56,8 @@ impl ArticleStatsService {
         let config = CoalescerConfig {
             kind: "article_stats",
             tick: workers.tick,
-            // Announced by the view and the like scripts, whose keys lie in different slots.
-            sharding: Sharding::Broadcast,
+            // Announced by the view and the like scripts, each in its own slot's channel.
+            sharding: Sharding::Sharded,
             hub: workers.hub,
             tasks: workers.tasks,
             shutdown: workers.shutdown,
@@ -65,7 +65,7 @@ impl ArticleStatsService {
         let reader = articles.clone();
         let live = Coalescer::new(
             config,
-            move |article: &i64| keys.article_stats_channel(*article),
+            move |article: &i64| keys.article_stats_channels(*article),
             move |article: i64| {
                 let (articles, views, likes) = (reader.clone(), views.clone(), likes.clone());
                 async move { read(&articles, &views, &likes, article).await }.boxed()

@@ -1,13 +1,16 @@
 //! Articles: the live channels of publications and of an article's counters.
 
-use super::Keys;
+use super::{Keys, LikeKeys as _, ViewKeys as _};
 
 pub trait ArticleKeys {
     /// Pub/sub channel announcing newly published articles.
     fn articles_published_channel(&self) -> String;
 
-    /// Pub/sub channel told whenever one of an article's counters (views, likes, comments) moves.
-    fn article_stats_channel(&self, article: i64) -> String;
+    /// The pub/sub channels told whenever one of an article's counters moves: its view shard's
+    /// (views) and its like shard's (likes and comments). The scripts that count views and likes
+    /// each announce in their own slot, so on a cluster a change is carried by that slot's node
+    /// only (`SPUBLISH`) instead of by every node, and a watcher of the article listens to both.
+    fn article_stats_channels(&self, article: i64) -> Vec<String>;
 }
 
 impl ArticleKeys for Keys {
@@ -15,8 +18,11 @@ impl ArticleKeys for Keys {
         format!("{}events:articles:published", self.prefix())
     }
 
-    fn article_stats_channel(&self, article: i64) -> String {
-        format!("{}events:article-stats:{article}", self.prefix())
+    fn article_stats_channels(&self, article: i64) -> Vec<String> {
+        vec![
+            self.view_shard(article).article_stats_channel(article),
+            self.like_shard(article).article_stats_channel(article),
+        ]
     }
 }
 
@@ -28,7 +34,14 @@ mod tests {
     fn channels_carry_the_prefix() {
         let keys = Keys::new("t1:");
         assert!(keys.articles_published_channel().starts_with("t1:"));
-        assert!(keys.article_stats_channel(4).starts_with("t1:"));
-        assert_ne!(keys.article_stats_channel(4), keys.article_stats_channel(5));
+        let channels = keys.article_stats_channels(4);
+        assert_eq!(channels.len(), 2);
+        assert!(channels.iter().all(|channel| channel.starts_with("t1:")));
+        assert_ne!(channels[0], channels[1]);
+        assert!(
+            keys.article_stats_channels(5)
+                .iter()
+                .all(|channel| !channels.contains(channel))
+        );
     }
 }

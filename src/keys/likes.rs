@@ -113,6 +113,13 @@ impl LikeShardKeys<'_> {
         format!("{}:{article}", self.key("featured-lease"))
     }
 
+    /// Pub/sub channel told when `article`'s like or comment count moves, for an article of this
+    /// shard: in its slot, so the like script publishes it with `SPUBLISH` on a cluster (see
+    /// [`crate::keys::ArticleKeys`]).
+    pub fn article_stats_channel(&self, article: i64) -> String {
+        format!("{}:{article}", self.key("events"))
+    }
+
     /// String held for a moment after the likes archive refreshed `article`'s featured list, so
     /// that it refreshes the list at most once in that moment.
     pub fn featured_archived(&self, article: i64) -> String {
@@ -141,6 +148,7 @@ mod tests {
             shard.rank_bucket("20261123"),
             shard.featured(5),
             shard.featured_lease(5),
+            shard.article_stats_channel(5),
             job.stream(),
             job.dead(),
         ] {

@@ -84,6 +84,12 @@ impl ViewShardKeys<'_> {
     pub fn rank_bucket(&self, bucket: &str) -> String {
         format!("{}:{bucket}", self.key("rank"))
     }
+
+    /// Pub/sub channel told when `article`'s view count moves: in the shard's slot, so the view
+    /// script publishes it with `SPUBLISH` on a cluster (see [`crate::keys::ArticleKeys`]).
+    pub fn article_stats_channel(&self, article: i64) -> String {
+        format!("{}:{article}", self.key("events"))
+    }
 }
 
 #[cfg(test)]
@@ -109,6 +115,7 @@ mod tests {
             shard.seq(),
             shard.rank_all_time(),
             shard.rank_bucket("20261121"),
+            shard.article_stats_channel(25),
         ] {
             assert_eq!(
                 key.matches('{').count(),

@@ -13,7 +13,7 @@ use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::{articles, comments, likes};
 use crate::error::{AppError, AppResult};
-use crate::keys::{ArticleKeys, LikeKeys};
+use crate::keys::LikeKeys;
 use crate::pagination::{Page, PageRequest, Position, Walk};
 use crate::redis::Redis;
 use crate::text::{Controls, TextRule, Trim};
@@ -140,8 +140,13 @@ impl CommentService {
     /// is committed already; a failure is logged, and the next change of any counter tells anew.
     async fn announce(&self, article: i64) {
         let mut conn = self.redis.conn.clone();
-        let published = redis::cmd("PUBLISH")
-            .arg(self.redis.keys.article_stats_channel(article))
+        let published = redis::cmd(self.redis.target.sharded_publish())
+            .arg(
+                self.redis
+                    .keys
+                    .like_shard(article)
+                    .article_stats_channel(article),
+            )
             .arg("")
             .query_async::<i64>(&mut conn)
             .await;

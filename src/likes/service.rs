@@ -12,7 +12,7 @@ use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::likes;
 use crate::error::{AppError, AppResult, SharedResult};
-use crate::keys::{ArticleKeys, LikeKeys};
+use crate::keys::LikeKeys;
 use crate::keys::{LIKE_SHARDS, LikeShardKeys};
 use crate::redis::Redis;
 use crate::scripts::SCRIPTS;
@@ -154,7 +154,7 @@ impl LikeService {
                     .key(shard.rank_all_time())
                     .key(shard.rank_bucket(&buckets::day(now, self.zone)))
                     .key(shard.rank_bucket(&buckets::week(now, self.zone)));
-                self.redis.keys.article_stats_channel(article)
+                shard.article_stats_channel(article)
             }
             Subject::Comment(_) => String::new(),
         };
@@ -181,7 +181,8 @@ impl LikeService {
             .arg(buckets::WEEK_BUCKET_TTL.as_secs())
             .arg(subject.kind_code())
             .arg(subject.id())
-            .arg(channel);
+            .arg(channel)
+            .arg(self.redis.target.sharded_publish());
         let mut conn = self.redis.conn.clone();
         Ok(invocation.invoke_async(&mut conn).await?)
     }

@@ -13,7 +13,7 @@ use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::VIEW_SHARDS;
-use crate::keys::{ArticleKeys, ViewKeys};
+use crate::keys::ViewKeys;
 use crate::redis::Redis;
 use crate::scripts::SCRIPTS;
 
@@ -154,7 +154,8 @@ impl ViewService {
             .arg(buckets::DAY_BUCKET_TTL.as_secs())
             .arg(buckets::WEEK_BUCKET_TTL.as_secs())
             .arg(sql_count.map(|count| count.to_string()).unwrap_or_default())
-            .arg(self.redis.keys.article_stats_channel(article))
+            .arg(shard.article_stats_channel(article))
+            .arg(self.redis.target.sharded_publish())
             .invoke_async(&mut conn)
             .await?)
     }

@@ -74,7 +74,7 @@ impl LiveBoardService {
         };
         let live = Coalescer::new(
             config,
-            move |board: &LiveBoard| keys.poll(board.poll).votes_channel(),
+            move |board: &LiveBoard| vec![keys.poll(board.poll).votes_channel()],
             move |board: LiveBoard| {
                 let votes = votes.clone();
                 async move { read(&votes, board).await }.boxed()

@@ -13,7 +13,7 @@ use pulse::keys::VIEW_SHARDS;
 use crate::helpers::{TestApp, article_row, eventually, two_votes_lead, unique_suffix};
 use crate::likes_reads::{next_stats, watch_stats};
 use crate::views::{BROWSER, distinct_ip, flusher, record, sql_view_count, view_count};
-use pulse::keys::ViewKeys;
+use pulse::keys::{ArticleKeys, ViewKeys};
 
 /// Acknowledged views this long before the kill may not have reached the replica yet.
 const REPLICATION_AT_RISK: Duration = Duration::from_secs(1);
@@ -180,6 +180,28 @@ async fn a_master_killed_under_load_fails_over_and_the_views_reconcile() {
     }
     let (article, shard_key) = on_victim.expect("a view shard lives on the first master");
     let mut watcher = watch_stats(&app, &article).await;
+    // The view and like scripts announce the article's counters each in its own slot, so each
+    // channel is heard at that slot's master only, not copied to every node.
+    let stats_channels = app
+        .state
+        .redis
+        .keys
+        .article_stats_channels(article_row(&article));
+    for channel in &stats_channels {
+        let owner = LocalCluster::master_of(channel, victim).await;
+        eventually("the hub subscribes at the channel's master", async || {
+            shard_subscribers(owner, channel).await == 1
+        })
+        .await;
+        for port in (cluster.base..cluster.base + 6).filter(|port| *port != owner) {
+            assert_eq!(shard_subscribers(port, channel).await, 0, "node {port}");
+        }
+    }
+    assert_eq!(
+        LocalCluster::master_of(&stats_channels[0], victim).await,
+        victim,
+        "the view channel lives with the view shard"
+    );
     let survivor = (cluster.base..cluster.base + 6)
         .find(|port| *port != victim)
         .unwrap();

@@ -119,7 +119,9 @@ pub(crate) async fn spawn_server_process(
         .env("PULSE_AUTH_ATTEMPTS_PER_MINUTE", "0")
         .env("PULSE_VIEW_FLUSH_INTERVAL", "200ms")
         .env("PULSE_VIEW_FLUSH_LEASE", "1s")
-        .env("RUST_LOG", "warn")
+        // The process's stderr is the test run's: on a loaded machine sqlx warns of every slow
+        // pool wait, thousands of lines that would bury a failing test's message.
+        .env("RUST_LOG", "warn,sqlx::pool=error")
         .envs(extra.iter().copied())
         .stdout(Stdio::null())
         .kill_on_drop(true)

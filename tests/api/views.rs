@@ -412,7 +412,16 @@ async fn concurrent_flushers_never_double_count() {
 
 #[tokio::test]
 async fn views_keep_counting_while_the_author_edits() {
-    let app = app_behind_proxy().await;
+    // Forty edits and a looping flusher queue on SQLite's one writer beside 300 views: on a busy
+    // machine an edit can wait longer than the default busy timeout, and this test is about the
+    // counts, not about how long a write may queue.
+    let app = Arc::new(
+        TestApp::spawn_with(|config| {
+            config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+            config.sqlite_busy_timeout = Duration::from_secs(60);
+        })
+        .await,
+    );
     let (token, _) = app.sign_up("editor").await;
     let article = app.publish(&token, "draft").await;
     let flusher = flusher(&app);

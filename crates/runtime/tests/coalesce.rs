@@ -18,11 +18,12 @@ fn redis_url() -> String {
     std::env::var("PULSE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
-/// A coalescer of one key whose every read returns `value` as it is then, on its own channel.
+/// A coalescer of one key whose every read returns `value` as it is then, announced on two
+/// channels of its own (as a key whose changes come from two cluster slots is).
 struct Watched {
     coalescer: Coalescer<i64, i64>,
     value: Arc<AtomicI64>,
-    channel: String,
+    channels: [String; 2],
     redis: redis::aio::MultiplexedConnection,
     shutdown: CancellationToken,
 }
@@ -38,8 +39,9 @@ impl Watched {
             &tasks,
         );
         let channel = format!("test:coalesce:{:016x}", rand::random::<u64>());
+        let channels = [format!("{channel}:a"), format!("{channel}:b")];
         let value = Arc::new(AtomicI64::new(0));
-        let (announced_on, read_from) = (channel.clone(), value.clone());
+        let (announced_on, read_from) = (channels.to_vec(), value.clone());
         let coalescer = Coalescer::new(
             CoalescerConfig {
                 kind: "test",
@@ -65,18 +67,26 @@ impl Watched {
         Self {
             coalescer,
             value,
-            channel,
+            channels,
             redis: client.get_multiplexed_async_connection().await.unwrap(),
             shutdown,
         }
     }
 
-    /// Sets what the next read returns and announces it `times` times in one round trip.
+    /// Sets what the next read returns and announces it `times` times in one round trip, on the
+    /// first channel.
     async fn change(&mut self, value: i64, times: usize) {
+        self.change_on(0, value, times).await;
+    }
+
+    async fn change_on(&mut self, channel: usize, value: i64, times: usize) {
         self.value.store(value, Ordering::SeqCst);
         let mut pipe = redis::pipe();
         for _ in 0..times {
-            pipe.cmd("PUBLISH").arg(&self.channel).arg("").ignore();
+            pipe.cmd("PUBLISH")
+                .arg(&self.channels[channel])
+                .arg("")
+                .ignore();
         }
         let () = pipe.query_async(&mut self.redis).await.unwrap();
     }
@@ -108,6 +118,20 @@ async fn a_lone_change_after_a_quiet_spell_is_read_at_once_not_at_the_end_of_the
     // Only a read at the announcement can show it: the tick ends in an hour.
     assert_eq!(next_value(&mut subscriber).await, 7);
     assert_eq!(watched.coalescer.reads(), 2);
+}
+
+#[tokio::test]
+async fn a_change_announced_on_any_of_the_keys_channels_is_read() {
+    // A short tick: the second change comes within the first one's tick and is read at its end.
+    let mut watched = Watched::start(&redis_url(), Duration::from_millis(100)).await;
+    let mut subscriber = watched.coalescer.subscribe(1);
+    assert_eq!(next_value(&mut subscriber).await, 0);
+
+    watched.change_on(1, 4, 1).await;
+    assert_eq!(next_value(&mut subscriber).await, 4);
+    watched.change_on(0, 5, 1).await;
+    assert_eq!(next_value(&mut subscriber).await, 5);
+    assert_eq!(watched.coalescer.reads(), 3);
 }
 
 #[tokio::test]

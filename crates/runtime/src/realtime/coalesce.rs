@@ -3,8 +3,10 @@
 //! change at once, the rest at the tick's end).
 //!
 //! For each key `K` with local subscribers, a process runs one watcher. The watcher listens to the
-//! key's pub/sub channel through the [`Hub`] (one Redis subscription per channel per process) and
-//! reads the key (the `read` closure given at construction) once that subscription is live, so no
+//! key's pub/sub channels through the [`Hub`] (one Redis subscription per channel per process;
+//! several channels where changes of the key are announced from different cluster slots, each on
+//! the one of its own slot) and reads the key (the `read` closure given at construction) once
+//! every one of those subscriptions is live, so no
 //! change falls between its first read and the first announcement it hears; after a reconnect it
 //! reads again, since what was announced while the connection was down is gone. An announcement
 //! after a quiet tick is read at once (the leading edge: a lone vote reaches its dashboards within
@@ -27,7 +29,7 @@
 //!
 //! ```text
 //! let stats = Coalescer::new(CoalescerConfig { kind: "article_stats", tick, sharding: Sharding::Broadcast, hub, tasks, shutdown },
-//!     move |article: &i64| keys.article_stats_channel(*article),
+//!     move |article: &i64| vec![keys.article_stats_channel(*article)],
 //!     move |article: i64| { let service = service.clone(); async move { service.stats_snapshot(article).await }.boxed() });
 //! let stream = stats.subscribe(article_id); // Stream<Item = Arc<Snapshot<Stats>>>
 //! ```
@@ -73,7 +75,7 @@ pub struct CoalescerConfig<'a> {
     pub shutdown: &'a CancellationToken,
 }
 
-type ChannelOf<K> = dyn Fn(&K) -> String + Send + Sync;
+type ChannelsOf<K> = dyn Fn(&K) -> Vec<String> + Send + Sync;
 type ReadOf<K, T> = dyn Fn(K) -> BoxFuture<'static, AppResult<Snapshot<T>>> + Send + Sync;
 type Latest<T> = Option<Arc<Snapshot<T>>>;
 
@@ -96,7 +98,7 @@ struct Inner<K, T> {
     hub: Hub,
     tasks: TaskTracker,
     shutdown: CancellationToken,
-    channel: Box<ChannelOf<K>>,
+    channels: Box<ChannelsOf<K>>,
     read: Box<ReadOf<K, T>>,
     watchers: Mutex<HashMap<K, Watcher<T>>>,
     reads: AtomicU64,
@@ -113,11 +115,11 @@ where
     K: Clone + Eq + Hash + Send + Sync + std::fmt::Debug + 'static,
     T: PartialEq + Send + Sync + 'static,
 {
-    /// `channel` names the pub/sub channel announcing changes of a key; `read` reads its snapshot
-    /// (one read per call: the coalescer counts calls).
+    /// `channels` names the pub/sub channels announcing changes of a key (at least one); `read`
+    /// reads its snapshot (one read per call: the coalescer counts calls).
     pub fn new(
         config: CoalescerConfig<'_>,
-        channel: impl Fn(&K) -> String + Send + Sync + 'static,
+        channels: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
         read: impl Fn(K) -> BoxFuture<'static, AppResult<Snapshot<T>>> + Send + Sync + 'static,
     ) -> Self {
         Self {
@@ -128,7 +130,7 @@ where
                 hub: config.hub.clone(),
                 tasks: config.tasks.clone(),
                 shutdown: config.shutdown.clone(),
-                channel: Box::new(channel),
+                channels: Box::new(channels),
                 read: Box::new(read),
                 watchers: Mutex::new(HashMap::new()),
                 reads: AtomicU64::new(0),
@@ -202,14 +204,19 @@ async fn watch_key<K, T>(
     K: Clone + std::fmt::Debug + Send + Sync + 'static,
     T: PartialEq + Send + Sync + 'static,
 {
-    let mut announcements = inner
-        .hub
-        .subscribe_as((inner.channel)(&key), inner.sharding);
-    let mut confirmations = announcements.confirmations();
-    // Read once the subscription is live (at once if another watcher of the channel made it so),
-    // so that no change falls between the read and the first message heard; and again after
+    let subscriptions: Vec<_> = (inner.channels)(&key)
+        .into_iter()
+        .map(|channel| inner.hub.subscribe_as(channel, inner.sharding))
+        .collect();
+    let mut confirmations: Vec<_> = subscriptions
+        .iter()
+        .map(|subscription| subscription.confirmations())
+        .collect();
+    let mut announcements = futures_util::stream::select_all(subscriptions);
+    // Read once every subscription is live (at once if other watchers of the channels made them
+    // so), so that no change falls between the read and the first message heard; and again after
     // each reconnect, since what was announced meanwhile is gone.
-    let mut catch_up = *confirmations.borrow_and_update() > 0;
+    let mut catch_up = all_live(&mut confirmations);
     let mut announced = false;
     // An announcement after a quiet tick is read at once; the ones that follow within the tick
     // wait for its end, so a storm costs one read at its start and one per tick after.
@@ -234,8 +241,8 @@ async fn watch_key<K, T>(
                 }
                 None => break,
             },
-            confirmed = confirmations.changed() => match confirmed {
-                Ok(()) => catch_up = true,
+            confirmed = any_changed(&mut confirmations) => match confirmed {
+                Ok(()) => catch_up = all_live(&mut confirmations),
                 Err(_) => break,
             },
             _ = sleep_until_due(due) => {
@@ -271,6 +278,26 @@ async fn watch_key<K, T>(
         }
     }
     metrics::gauge!("pulse_live_watchers", "kind" => inner.kind).decrement(1);
+}
+
+/// Whether Redis has confirmed every channel's subscription (marking each confirmation seen).
+fn all_live(confirmations: &mut [watch::Receiver<u64>]) -> bool {
+    confirmations.iter_mut().fold(true, |live, receiver| {
+        *receiver.borrow_and_update() > 0 && live
+    })
+}
+
+/// Waits until some channel's subscription is confirmed again; an error once the hub is gone.
+async fn any_changed(
+    confirmations: &mut [watch::Receiver<u64>],
+) -> Result<(), watch::error::RecvError> {
+    if confirmations.is_empty() {
+        return std::future::pending().await;
+    }
+    let changes = confirmations
+        .iter_mut()
+        .map(|receiver| Box::pin(receiver.changed()));
+    futures_util::future::select_all(changes).await.0
 }
 
 /// Waits until `due`, or forever without one.
