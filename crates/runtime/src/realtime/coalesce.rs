@@ -280,11 +280,15 @@ async fn watch_key<K, T>(
     metrics::gauge!("pulse_live_watchers", "kind" => inner.kind).decrement(1);
 }
 
-/// Whether Redis has confirmed every channel's subscription (marking each confirmation seen).
+/// Whether Redis has confirmed every channel's subscription. Marks every confirmation seen, the
+/// ones after an unconfirmed channel too: one left unseen would wake `any_changed` at once, again
+/// and again, while the other channel waits.
 fn all_live(confirmations: &mut [watch::Receiver<u64>]) -> bool {
-    confirmations.iter_mut().fold(true, |live, receiver| {
-        *receiver.borrow_and_update() > 0 && live
-    })
+    let mut live = true;
+    for receiver in confirmations {
+        live &= *receiver.borrow_and_update() > 0;
+    }
+    live
 }
 
 /// Waits until some channel's subscription is confirmed again; an error once the hub is gone.
