@@ -678,6 +678,21 @@ struct SessionSettings {
     live_fields: &'static [LiveField],
 }
 
+impl SessionSettings {
+    fn of(settings: &Settings) -> Self {
+        Self {
+            max_subscriptions: settings.max_subscriptions,
+            viewer_fields: settings.viewer_fields,
+            live_fields: settings.live_fields,
+        }
+    }
+}
+
+/// Whether each result of `request` is a whole snapshot, which a newer one may replace unsent.
+pub(crate) fn sends_snapshots(request: &async_graphql::Request, settings: &Settings) -> bool {
+    classify(request, &SessionSettings::of(settings)).snapshot
+}
+
 /// What the driver must know of the conversation that async-graphql keeps to itself.
 struct Session {
     protocol: WebSocketProtocols,
@@ -729,11 +744,7 @@ impl Session {
     fn new(protocol: WebSocketProtocols, settings: &Settings) -> Self {
         Self {
             protocol,
-            settings: SessionSettings {
-                max_subscriptions: settings.max_subscriptions,
-                viewer_fields: settings.viewer_fields,
-                live_fields: settings.live_fields,
-            },
+            settings: SessionSettings::of(settings),
             initialised: false,
             acknowledged: false,
             running: HashMap::new(),
