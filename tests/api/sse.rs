@@ -1,7 +1,8 @@
 //! GraphQL over Server-Sent Events, `graphql-sse`'s two modes: leaderboard snapshots and feed
 //! items arrive with the caller's credentials; a bad token, a document over the complexity limit,
 //! the caps on operations and on streams per address are refused with their codes and hold
-//! nothing open; a stream the client drops gives its place back; shutdown ends streams.
+//! nothing open; a stream the client drops gives its place back; shutdown ends streams; a feed
+//! stream reopened with `Last-Event-ID` resumes after that event.
 
 use std::time::Duration;
 
@@ -27,11 +28,12 @@ pub struct Events {
     buffer: String,
 }
 
-/// One event: its name and its data, parsed (`null` when empty).
+/// One event: its name, its data, parsed (`null` when empty), and its id if it has one.
 #[derive(Debug)]
 pub struct Event {
     pub name: String,
     pub data: Value,
+    pub id: Option<String>,
 }
 
 impl Events {
@@ -54,9 +56,12 @@ impl Events {
             if let Some(end) = self.buffer.find("\n\n") {
                 let block: String = self.buffer.drain(..end + 2).collect();
                 let mut name = None;
+                let mut id = None;
                 let mut data = String::new();
                 for line in block.lines() {
-                    if let Some(value) = line.strip_prefix("event:") {
+                    if let Some(value) = line.strip_prefix("id:") {
+                        id = Some(value.trim().to_owned());
+                    } else if let Some(value) = line.strip_prefix("event:") {
                         name = Some(value.trim().to_owned());
                     } else if let Some(value) = line.strip_prefix("data:") {
                         data.push_str(value.trim_start());
@@ -68,7 +73,7 @@ impl Events {
                 } else {
                     serde_json::from_str(&data).unwrap()
                 };
-                return Some(Event { name, data });
+                return Some(Event { name, data, id });
             }
             let chunk = tokio::time::timeout(Duration::from_secs(10), self.response.chunk())
                 .await
@@ -471,4 +476,47 @@ async fn shutting_the_server_down_ends_open_streams() {
     assert!(board.next().await.is_none(), "the distinct stream ends");
     assert!(single.next().await.is_none(), "the single stream ends");
     stopping.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_feed_stream_reopened_with_last_event_id_gets_exactly_what_it_missed_then_live_items() {
+    let app = TestApp::spawn().await;
+    let (author, reader, cursor) = reader_with_cursor(&app, "sse_resume").await;
+    let (author_token, reader_token) = (token(&app, author), token(&app, reader));
+    let open = async |last_event_id: Option<&str>| {
+        let mut request = app
+            .http
+            .post(app.url("/graphql/stream"))
+            .header("accept", "text/event-stream")
+            .bearer_auth(&reader_token)
+            .json(&json!({ "query": FEED_ITEMS, "variables": { "after": cursor } }));
+        if let Some(last_event_id) = last_event_id {
+            request = request.header("last-event-id", last_event_id);
+        }
+        Events::new(request.send().await.unwrap())
+    };
+    let mut feed = open(None).await;
+    let seen = publish(&app, &author_token, "seen").await;
+    let event = feed.next().await.unwrap();
+    assert_eq!(feed_item(&event.data), seen);
+    let last_id = event
+        .id
+        .expect("a feed item's event carries its cursor as its id");
+    assert_eq!(
+        Some(last_id.as_str()),
+        event.data["data"]["feedItemAdded"]["cursor"].as_str()
+    );
+    drop(feed);
+
+    let mut missed = Vec::new();
+    for i in 0..3 {
+        missed.push(publish(&app, &author_token, &format!("missed {i}")).await);
+    }
+    // Without Last-Event-ID the same request would replay "seen" as well.
+    let mut resumed = open(Some(&last_id)).await;
+    for expected in &missed {
+        assert_eq!(feed_item(&resumed.next_result().await), *expected);
+    }
+    let live = publish(&app, &author_token, "live").await;
+    assert_eq!(feed_item(&resumed.next_result().await), live);
 }

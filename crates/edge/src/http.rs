@@ -129,6 +129,8 @@ pub struct Settings {
     pub shutdown: CancellationToken,
     /// The status of the codes that are the server's own failure (see [`media::answer`]).
     pub server_failure: fn(&str) -> Option<StatusCode>,
+    /// The subscription fields an SSE stream resumes with `Last-Event-ID`.
+    pub resumable: &'static [stream::Resumable],
 }
 
 /// How a request at the GraphQL path is carried, and in what media type it is answered.
@@ -203,6 +205,7 @@ impl<E: Executor, H: RequestHook> Endpoint<E, H> {
         let bounds = Bounds {
             websocket: settings.websocket.clone(),
             shutdown: settings.shutdown.clone(),
+            resumable: settings.resumable,
         };
         Self {
             executor,
@@ -558,11 +561,24 @@ async fn one_stream<E: Executor, H: RequestHook>(
     request.data = admission.data;
     request.data.insert(method);
     request.data.insert(Streamed);
+    let resume = match transport {
+        stream::Transport::Sse => stream::Resume::of(&request, endpoint.bounds.resumable),
+        stream::Transport::Multipart => None,
+    };
+    let last_event_id = head
+        .headers
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| !value.is_empty());
+    if let (Some(resume), Some(last_event_id)) = (&resume, last_event_id) {
+        resume.after(&mut request, last_event_id);
+    }
     let body = stream::one_operation(
         &endpoint.executor,
         request,
         transport,
         &endpoint.bounds,
+        resume,
         admission.held,
     );
     stream_response(transport, body)
@@ -978,6 +994,7 @@ mod tests {
             },
             shutdown: CancellationToken::new(),
             server_failure: |_| None,
+            resumable: &[],
         };
         Endpoint::new(schema, Hook, settings).routes("/graphql", "/graphql/ws")
     }

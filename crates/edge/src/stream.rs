@@ -24,6 +24,11 @@
 //! response out, and the final boundary ends it. Each part's closing boundary is written with it,
 //! so a client parses a part as soon as it arrives.
 //!
+//! **Resuming** (distinct SSE streams): each `next` of a [`Resumable`] field carries the event's
+//! cursor as its SSE `id`, and a request with `Last-Event-ID` (what an `EventSource` sends when it
+//! reconnects) runs with that cursor as the field's argument, when the operation passes the
+//! argument as a variable.
+//!
 //! Every stream is bounded as a websocket is: what the client has not read waits within the send
 //! budget; a snapshot replaces its operation's unsent one in place; an event past the budget cuts
 //! the response (no `complete`, no final boundary), which clients take as a network failure and
@@ -118,11 +123,95 @@ fn part(json: &str) -> Bytes {
     ))
 }
 
+/// A subscription field whose events a client can resume from: `cursor`, a field of its result,
+/// is each event's SSE `id`, and `argument` is where the field takes a cursor to resume after.
+#[derive(Clone, Copy, Debug)]
+pub struct Resumable {
+    pub field: &'static str,
+    pub cursor: &'static str,
+    pub argument: &'static str,
+}
+
+/// Where a resumable operation's cursor is in each result, and the variable its argument takes.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Resume {
+    /// The field's key in the result: its alias, or its name.
+    key: String,
+    cursor: &'static str,
+    variable: Option<String>,
+}
+
+impl Resume {
+    /// The resumable field `request` subscribes to, alone at its root. A document nested past
+    /// the guard's limit is not parsed here (the pipeline refuses it).
+    pub(crate) fn of(request: &async_graphql::Request, resumable: &[Resumable]) -> Option<Self> {
+        use async_graphql::parser::types::{DocumentOperations, Selection};
+        crate::guard::check_nesting(&request.query).ok()?;
+        let document = async_graphql::parser::parse_query(&request.query).ok()?;
+        let operation = match &document.operations {
+            DocumentOperations::Single(operation) => operation,
+            DocumentOperations::Multiple(operations) => {
+                operations.get(request.operation_name.as_deref()?)?
+            }
+        };
+        let [item] = operation.node.selection_set.node.items.as_slice() else {
+            return None;
+        };
+        let Selection::Field(field) = &item.node else {
+            return None;
+        };
+        let field = &field.node;
+        let resumable = resumable
+            .iter()
+            .find(|resumable| resumable.field == field.name.node.as_str())?;
+        let key = field.alias.as_ref().unwrap_or(&field.name).node.to_string();
+        let variable = match field
+            .get_argument(resumable.argument)
+            .map(|value| &value.node)
+        {
+            Some(async_graphql_value::Value::Variable(name)) => Some(name.to_string()),
+            _ => None,
+        };
+        Some(Self {
+            key,
+            cursor: resumable.cursor,
+            variable,
+        })
+    }
+
+    /// Resumes after `last_event_id`, where the operation takes its cursor from a variable.
+    pub(crate) fn after(&self, request: &mut async_graphql::Request, last_event_id: &str) {
+        if let Some(variable) = &self.variable {
+            request.variables.insert(
+                async_graphql::Name::new(variable),
+                async_graphql::Value::String(last_event_id.to_owned()),
+            );
+        }
+    }
+
+    /// The cursor of the event in `response`, if it has one that fits on an `id:` line.
+    fn event_id<'r>(&self, response: &'r Response) -> Option<&'r str> {
+        let async_graphql::Value::Object(data) = &response.data else {
+            return None;
+        };
+        let async_graphql::Value::Object(event) = data.get(self.key.as_str())? else {
+            return None;
+        };
+        match event.get(self.cursor)? {
+            async_graphql::Value::String(cursor) if !cursor.contains(['\n', '\r', '\0']) => {
+                Some(cursor)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Where an operation's messages go, and how each is framed.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 enum Framing {
-    /// The operation is the stream: `next` carries the result, `complete` ends the stream.
-    Distinct,
+    /// The operation is the stream: `next` carries the result (and, resumable, its cursor as the
+    /// event's `id`), `complete` ends the stream.
+    Distinct(Option<Resume>),
     /// One of a single-connection stream's operations, by its id.
     Single(String),
     Multipart,
@@ -132,7 +221,12 @@ impl Framing {
     fn next(&self, response: &Response) -> Bytes {
         let result = serde_json::to_string(response).expect("a GraphQL response serializes");
         match self {
-            Self::Distinct => sse_event("next", &result),
+            Self::Distinct(resume) => {
+                match resume.as_ref().and_then(|resume| resume.event_id(response)) {
+                    Some(id) => Bytes::from(format!("id: {id}\nevent: next\ndata: {result}\n\n")),
+                    None => sse_event("next", &result),
+                }
+            }
             Self::Single(id) => {
                 let id = serde_json::to_string(id).expect("a string serializes");
                 sse_event("next", &format!(r#"{{"id":{id},"payload":{result}}}"#))
@@ -146,7 +240,7 @@ impl Framing {
     fn complete(&self) -> Option<Bytes> {
         match self {
             // `data:` with nothing after it, so that an `EventSource` dispatches the event.
-            Self::Distinct => Some(Bytes::from_static(b"event: complete\ndata:\n\n")),
+            Self::Distinct(_) => Some(Bytes::from_static(b"event: complete\ndata:\n\n")),
             Self::Single(id) => {
                 let id = serde_json::json!({ "id": id });
                 Some(sse_event("complete", &id.to_string()))
@@ -413,6 +507,7 @@ impl Stream for Outlet {
 pub(crate) struct Bounds {
     pub(crate) websocket: websocket::Settings,
     pub(crate) shutdown: CancellationToken,
+    pub(crate) resumable: &'static [Resumable],
 }
 
 impl Bounds {
@@ -484,6 +579,7 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
     request: async_graphql::Request,
     transport: Transport,
     bounds: &Bounds,
+    resume: Option<Resume>,
     held: Box<dyn Any + Send>,
 ) -> impl Stream<Item = Result<Bytes, SlowConsumer>> + Send + 'static {
     let (inlet, outlet) = channel(transport, bounds.websocket.send_budget, held);
@@ -491,7 +587,7 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
     let snapshot = snapshot.then_some("");
     let responses = executor.execute_stream(request, None);
     let framing = match transport {
-        Transport::Sse => Framing::Distinct,
+        Transport::Sse => Framing::Distinct(resume),
         Transport::Multipart => Framing::Multipart,
     };
     let heartbeat = match transport {
@@ -785,12 +881,50 @@ mod tests {
             "event: complete\ndata: {\"id\":\"op \\\"1\\\"\"}\n\n"
         );
         assert_eq!(
-            Framing::Distinct.next(&response),
+            Framing::Distinct(None).next(&response),
             "event: next\ndata: {\"data\":1}\n\n"
         );
         assert_eq!(
-            Framing::Distinct.complete().unwrap(),
+            Framing::Distinct(None).complete().unwrap(),
             "event: complete\ndata:\n\n"
+        );
+    }
+
+    const RESUMABLE: &[Resumable] = &[Resumable {
+        field: "news",
+        cursor: "cursor",
+        argument: "after",
+    }];
+
+    #[test]
+    fn a_resumable_event_carries_its_cursor_as_its_id_and_last_event_id_becomes_the_variable() {
+        let query = "subscription($from: String) { latest: news(after: $from) { cursor } }";
+        let resume = Resume::of(&async_graphql::Request::new(query), RESUMABLE).unwrap();
+        let mut request = async_graphql::Request::new(query);
+        resume.after(&mut request, "c41");
+        assert_eq!(
+            request.variables.get(&async_graphql::Name::new("from")),
+            Some(&async_graphql::Value::from("c41"))
+        );
+        let data = serde_json::json!({ "latest": { "cursor": "c42" } });
+        let response = Response::new(async_graphql::Value::from_json(data).unwrap());
+        assert_eq!(
+            Framing::Distinct(Some(resume)).next(&response),
+            "id: c42\nevent: next\ndata: {\"data\":{\"latest\":{\"cursor\":\"c42\"}}}\n\n"
+        );
+
+        let literal = "subscription { news(after: \"c1\") { cursor } }";
+        let resume = Resume::of(&async_graphql::Request::new(literal), RESUMABLE).unwrap();
+        let mut request = async_graphql::Request::new(literal);
+        resume.after(&mut request, "c41");
+        assert!(
+            request.variables.is_empty(),
+            "a literal is the client's own"
+        );
+        let two = "subscription { news { cursor } board { top } }";
+        assert_eq!(
+            Resume::of(&async_graphql::Request::new(two), RESUMABLE),
+            None
         );
     }
 
