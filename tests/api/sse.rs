@@ -2,7 +2,8 @@
 //! items arrive with the caller's credentials; a bad token, a document over the complexity limit,
 //! the caps on operations and on streams per address are refused with their codes and hold
 //! nothing open; a stream the client drops gives its place back; shutdown ends streams; a feed
-//! stream reopened with `Last-Event-ID` resumes after that event.
+//! stream reopened with `Last-Event-ID` resumes after that event; a reader that stops reading a
+//! board has its unsent snapshot replaced and then gets the latest.
 
 use std::time::Duration;
 
@@ -519,4 +520,104 @@ async fn a_feed_stream_reopened_with_last_event_id_gets_exactly_what_it_missed_t
     }
     let live = publish(&app, &author_token, "live").await;
     assert_eq!(feed_item(&resumed.next_result().await), live);
+}
+
+/// A series of the `/metrics` scrape, by its name and labels as written there.
+fn series(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_reader_that_stops_reading_a_board_has_its_unsent_snapshot_replaced_and_then_gets_the_latest()
+ {
+    use pulse::votes::service::{Ballot, Origin};
+
+    let app = TestApp::spawn_with(|config| {
+        config.ws_send_budget = 32 * 1024;
+        config.leaderboard_tick = Duration::from_millis(5);
+    })
+    .await;
+    let token = admin(&app).await;
+    // A hundred long labels: each snapshot of the top 100 is some 25 KB.
+    let labels: Vec<Value> = (0..100)
+        .map(|n| json!({ "label": format!("{n:03} {}", "x".repeat(190)) }))
+        .collect();
+    let (poll, options) =
+        create_poll(&app, &token, json!({ "title": "Wide", "options": labels })).await;
+    let board = "subscription($p: ID!) { leaderboardChanged(pollId: $p, first: 100) {
+        version entries { option { label } score } } }";
+    let response = distinct(&app, "/graphql/stream", None, board, json!({ "p": poll })).await;
+    let mut events = Events::new(response);
+    let first = events.next_result().await;
+    listening(&app, row(&poll, NodeType::Poll)).await;
+
+    // The client reads nothing while votes move the board, each tick a new snapshot, until the
+    // server's queue has had to replace some.
+    let (user, _) = crate::likes::users(&app, 1).await.remove(0);
+    let replaced = async || {
+        series(
+            &app.metrics().await,
+            "pulse_live_stream_snapshots_replaced_total{transport=\"sse\"}",
+        )
+    };
+    let replaced_before = replaced().await;
+    let mut votes = 0usize;
+    loop {
+        let ballot = Ballot {
+            poll: row(&poll, NodeType::Poll),
+            option: row(&options[votes % options.len()], NodeType::PollOption),
+        };
+        app.state
+            .services
+            .votes
+            .cast(
+                &crate::votes::voter(user),
+                &[ballot],
+                &Origin::default(),
+                chrono::Utc::now(),
+            )
+            .await
+            .unwrap();
+        votes += 1;
+        tokio::time::sleep(Duration::from_millis(6)).await;
+        if votes.is_multiple_of(20) {
+            if replaced().await > replaced_before + 20.0 {
+                break;
+            }
+            assert!(
+                votes < 5_000,
+                "no snapshot was replaced after {votes} votes"
+            );
+        }
+    }
+
+    // Reading again, the client ends on the board with every vote, its versions only growing.
+    let version = |snapshot: &Value| -> i64 {
+        snapshot["data"]["leaderboardChanged"]["version"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut last_version = version(&first);
+    let mut received = 0;
+    loop {
+        let snapshot = events.next_result().await;
+        received += 1;
+        assert!(version(&snapshot) > last_version, "versions only grow");
+        last_version = version(&snapshot);
+        let total: f64 = snapshot["data"]["leaderboardChanged"]["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["score"].as_f64().unwrap())
+            .sum();
+        if total as usize == votes {
+            break;
+        }
+    }
+    assert!(received < votes, "{received} snapshots for {votes} votes");
 }
