@@ -94,12 +94,20 @@ struct Callers(Arc<AppState>);
 impl RequestHook for Callers {
     async fn http(&self, head: &Parts) -> Result<Admitted, Refusal> {
         let peer = peer(head)?;
-        let user = bearer(&head.headers)
-            .and_then(|token| token.map(|token| self.0.tokens.verify(token)).transpose())
+        let verified = bearer(&head.headers)
+            .and_then(|token| {
+                token
+                    .map(|token| self.0.tokens.verify_until(token))
+                    .transpose()
+            })
             .map_err(unauthenticated)?;
-        let caller = actor(&self.0, peer, &head.headers, user);
+        let caller = actor(&self.0, peer, &head.headers, verified.map(|(user, _)| user));
         let private = caller.user.is_some();
         let mut data = Data::default();
+        // A stream's operations that read the viewer end when the token does.
+        if let Some((_, expires)) = verified {
+            data.insert(CredentialsExpire(expires));
+        }
         attach_request_data(&self.0.services, &mut data, caller);
         Ok(Admitted { data, private })
     }

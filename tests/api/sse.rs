@@ -3,7 +3,8 @@
 //! the caps on operations and on streams per address are refused with their codes and hold
 //! nothing open; a stream the client drops gives its place back; shutdown ends streams; a feed
 //! stream reopened with `Last-Event-ID` resumes after that event; a reader that stops reading a
-//! board has its unsent snapshot replaced and then gets the latest.
+//! board has its unsent snapshot replaced and then gets the latest; an expiring token ends the
+//! streams that read the viewer.
 
 use std::time::Duration;
 
@@ -620,4 +621,36 @@ async fn a_reader_that_stops_reading_a_board_has_its_unsent_snapshot_replaced_an
         }
     }
     assert!(received < votes, "{received} snapshots for {votes} votes");
+}
+
+#[tokio::test]
+async fn an_expiring_token_ends_a_stream_reading_the_viewer_with_unauthenticated_and_no_other() {
+    let app = TestApp::spawn_with(|config| config.token_ttl = Duration::from_secs(2)).await;
+    let (poll_id, _) = poll(&app).await;
+    let (token, _) = app.sign_up("fleeting_sse").await;
+    let mut feed =
+        Events::new(distinct(&app, "/graphql", Some(&token), FEED_ITEMS, json!({})).await);
+    let mut board = Events::new(
+        distinct(
+            &app,
+            "/graphql",
+            Some(&token),
+            LEADERBOARD,
+            json!({ "p": poll_id }),
+        )
+        .await,
+    );
+    board.next_result().await;
+
+    let ended = feed.next_result().await;
+    assert_eq!(error_code(&ended), "UNAUTHENTICATED", "{ended}");
+    assert_eq!(feed.next().await.unwrap().name, "complete");
+    assert!(feed.next().await.is_none(), "the stream ends");
+    // The board reads nothing of the viewer: it goes on, a heartbeat or a snapshot at a time.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), board.next())
+            .await
+            .is_err(),
+        "the board's stream stays open"
+    );
 }

@@ -29,6 +29,9 @@
 //! reconnects) runs with that cursor as the field's argument, when the operation passes the
 //! argument as a variable.
 //!
+//! Credentials that expire end, as on a websocket, the operations that read the viewer: their
+//! last result is an error coded `UNAUTHENTICATED`, then their end.
+//!
 //! Every stream is bounded as a websocket is: what the client has not read waits within the send
 //! budget; a snapshot replaces its operation's unsent one in place; an event past the budget cuts
 //! the response (no `complete`, no final boundary), which clients take as a network failure and
@@ -40,7 +43,7 @@ use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_graphql::Response;
 use axum::body::Bytes;
@@ -54,6 +57,8 @@ use crate::websocket;
 pub const TOKEN_HEADER: &str = "x-graphql-event-stream-token";
 /// The code of an operation past the most one stream may run at once.
 pub const TOO_MANY_OPERATIONS: &str = "TOO_MANY_OPERATIONS";
+/// The code of the error that ends an operation reading the viewer when its credentials expire.
+const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
 /// The code of the last part of a multipart response the server ended because it is stopping.
 pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
 
@@ -511,11 +516,33 @@ pub(crate) struct Bounds {
 }
 
 impl Bounds {
-    /// The operation counted as running, and whether each of its results is a whole snapshot.
-    fn live(&self, transport: Transport, request: &async_graphql::Request) -> (Running, bool) {
-        let snapshot = websocket::sends_snapshots(request, &self.websocket);
-        (Running::new(transport), snapshot)
+    /// The operation counted as running, whether each of its results is a whole snapshot, and
+    /// when it ends for want of credentials: when those it runs with expire, if it reads the
+    /// viewer.
+    fn live(
+        &self,
+        transport: Transport,
+        request: &async_graphql::Request,
+    ) -> (Running, bool, Option<SystemTime>) {
+        let (snapshot, reads_viewer) = websocket::snapshot_and_viewer(request, &self.websocket);
+        let expires = reads_viewer
+            .then(|| websocket::credentials_expire(&request.data))
+            .flatten();
+        (Running::new(transport), snapshot, expires)
     }
+}
+
+/// The last result of an operation whose credentials expired.
+fn credentials_expired() -> Response {
+    let mut error = async_graphql::ServerError::new(
+        "the credentials expired; sign in again and subscribe anew",
+        None,
+    );
+    error
+        .extensions
+        .get_or_insert_with(Default::default)
+        .set("code", UNAUTHENTICATED);
+    Response::from_errors(vec![error])
 }
 
 /// An operation counted in [`STREAM_OPERATIONS`] while it runs.
@@ -544,20 +571,36 @@ enum Pumped {
     Stopped,
 }
 
-/// Moves one operation's results into `inlet` until it completes, `stop` is cancelled, or the
-/// client goes. A result past the budget cuts the stream, unless it is a snapshot.
+/// Moves one operation's results into `inlet` until it completes, `stop` is cancelled, the
+/// client goes, or the credentials expire (then an error coded `UNAUTHENTICATED` is its last
+/// result). A result past the budget cuts the stream, unless it is a snapshot.
 async fn pump(
     mut responses: BoxStream<'static, Response>,
     framing: &Framing,
     snapshot_of: Option<&str>,
+    expires: Option<SystemTime>,
     inlet: &Inlet,
     stop: &CancellationToken,
 ) -> Pumped {
+    let expiry = async {
+        match expires {
+            Some(at) => {
+                let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+                tokio::time::sleep(left).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let mut expiry = std::pin::pin!(expiry);
     loop {
         let response = tokio::select! {
             biased;
             () = inlet.gone.cancelled() => return Pumped::Stopped,
             () = stop.cancelled() => return Pumped::Stopped,
+            () = &mut expiry => {
+                inlet.push_control(framing.next(&credentials_expired()));
+                None
+            }
             response = responses.next() => response,
         };
         let Some(response) = response else {
@@ -583,7 +626,7 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
     held: Box<dyn Any + Send>,
 ) -> impl Stream<Item = Result<Bytes, SlowConsumer>> + Send + 'static {
     let (inlet, outlet) = channel(transport, bounds.websocket.send_budget, held);
-    let (running, snapshot) = bounds.live(transport, &request);
+    let (running, snapshot, expires) = bounds.live(transport, &request);
     let snapshot = snapshot.then_some("");
     let responses = executor.execute_stream(request, None);
     let framing = match transport {
@@ -599,7 +642,7 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
         let _running = running;
         let stop = CancellationToken::new();
         let pumped = {
-            let pumping = pump(responses, &framing, snapshot, &inlet, &stop);
+            let pumping = pump(responses, &framing, snapshot, expires, &inlet, &stop);
             let mut pumping = std::pin::pin!(pumping);
             let mut beats = heartbeats(heartbeat);
             loop {
@@ -765,13 +808,13 @@ impl Reservations {
             }
             running.insert(id.clone(), stop.clone());
         }
-        let (counted, snapshot) = bounds.live(Transport::Sse, &request);
+        let (counted, snapshot, expires) = bounds.live(Transport::Sse, &request);
         let responses = executor.execute_stream(request, None);
         tokio::spawn(async move {
             let _counted = counted;
             let framing = Framing::Single(id.clone());
             let snapshot_of = snapshot.then_some(id.as_str());
-            pump(responses, &framing, snapshot_of, &inlet, &stop).await;
+            pump(responses, &framing, snapshot_of, expires, &inlet, &stop).await;
             let mut running = lock_map(&operations);
             // A stopped id may have been reused already: only this run's entry goes.
             if running

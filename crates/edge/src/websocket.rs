@@ -513,7 +513,7 @@ fn message_bytes(message: &Message) -> usize {
     }
 }
 
-fn credentials_expire(data: &Data) -> Option<SystemTime> {
+pub(crate) fn credentials_expire(data: &Data) -> Option<SystemTime> {
     let value = data.get(&TypeId::of::<CredentialsExpire>())?;
     (**value)
         .downcast_ref::<CredentialsExpire>()
@@ -688,9 +688,14 @@ impl SessionSettings {
     }
 }
 
-/// Whether each result of `request` is a whole snapshot, which a newer one may replace unsent.
-pub(crate) fn sends_snapshots(request: &async_graphql::Request, settings: &Settings) -> bool {
-    classify(request, &SessionSettings::of(settings)).snapshot
+/// Whether each result of `request` is a whole snapshot, which a newer one may replace unsent,
+/// and whether it reads the viewer, so that it ends when the credentials expire.
+pub(crate) fn snapshot_and_viewer(
+    request: &async_graphql::Request,
+    settings: &Settings,
+) -> (bool, bool) {
+    let operation = classify(request, &SessionSettings::of(settings));
+    (operation.snapshot, operation.reads_viewer)
 }
 
 /// What the driver must know of the conversation that async-graphql keeps to itself.
