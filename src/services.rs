@@ -95,6 +95,21 @@ pub const LIVE_FIELDS: &[LiveField] = &[
     },
 ];
 
+/// The event streams an SSE client resumes with `Last-Event-ID`: each event's `id` is what the
+/// field's `after` takes (a feed item's cursor, an article's id).
+pub const RESUMABLE: &[pulse_edge::stream::Resumable] = &[
+    pulse_edge::stream::Resumable {
+        field: "feedItemAdded",
+        cursor: "cursor",
+        argument: "after",
+    },
+    pulse_edge::stream::Resumable {
+        field: "articlePublished",
+        cursor: "id",
+        argument: "after",
+    },
+];
+
 node_types! {
     User => load_user,
     Article => load_article,

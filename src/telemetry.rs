@@ -74,6 +74,8 @@ pub enum Initial {
 }
 
 const NO_LABELS: Initial = Initial::Labels(&[&[]]);
+const BY_STREAM_TRANSPORT: Initial =
+    Initial::Labels(&[&[("transport", "sse")], &[("transport", "multipart")]]);
 
 impl Metric {
     fn register(&self) {
@@ -325,6 +327,48 @@ pub const METRICS: &[Metric] = &[
         kind: MetricKind::Counter,
         help: "Websockets closed (3008) for not answering a ping within PULSE_WS_PONG_TIMEOUT",
         initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_live_streams_open",
+        kind: MetricKind::Gauge,
+        help: "Subscriptions served over HTTP responses, by transport (sse: graphql-sse streams of either mode, reserved ones included; multipart: Apollo's multipart subscriptions)",
+        initial: BY_STREAM_TRANSPORT,
+    },
+    Metric {
+        name: "pulse_live_stream_operations",
+        kind: MetricKind::Gauge,
+        help: "Operations running on HTTP streams, by transport",
+        initial: BY_STREAM_TRANSPORT,
+    },
+    Metric {
+        name: "pulse_live_stream_messages_sent_total",
+        kind: MetricKind::Counter,
+        help: "Messages written to HTTP streams (events, parts, heartbeats), by transport",
+        initial: BY_STREAM_TRANSPORT,
+    },
+    Metric {
+        name: "pulse_live_stream_bytes_sent_total",
+        kind: MetricKind::Counter,
+        help: "Bytes written to HTTP streams, by transport",
+        initial: BY_STREAM_TRANSPORT,
+    },
+    Metric {
+        name: "pulse_live_stream_queued_bytes",
+        kind: MetricKind::Gauge,
+        help: "Bytes waiting for HTTP streams whose clients have not read them yet (each stream at most PULSE_WS_SEND_BUDGET), by transport",
+        initial: BY_STREAM_TRANSPORT,
+    },
+    Metric {
+        name: "pulse_live_stream_snapshots_replaced_total",
+        kind: MetricKind::Counter,
+        help: "Unsent snapshots replaced by a newer one of the same subscription for an HTTP stream that fell behind, by transport",
+        initial: BY_STREAM_TRANSPORT,
+    },
+    Metric {
+        name: "pulse_live_stream_slow_consumer_cuts_total",
+        kind: MetricKind::Counter,
+        help: "HTTP streams cut (their response broken off) for falling more than their send budget behind on an event stream, by transport",
+        initial: BY_STREAM_TRANSPORT,
     },
     Metric {
         name: "pulse_like_changes_total",

@@ -9,7 +9,9 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
-use pulse_edge::http::{Admitted, Endpoint, Refusal, RequestHook, Settings, SocketAdmission};
+use pulse_edge::http::{
+    Admitted, Endpoint, Refusal, RequestHook, Settings, SocketAdmission, StreamAdmission,
+};
 use pulse_edge::websocket::CredentialsExpire;
 
 use super::assets;
@@ -92,14 +94,37 @@ struct Callers(Arc<AppState>);
 impl RequestHook for Callers {
     async fn http(&self, head: &Parts) -> Result<Admitted, Refusal> {
         let peer = peer(head)?;
-        let user = bearer(&head.headers)
-            .and_then(|token| token.map(|token| self.0.tokens.verify(token)).transpose())
+        let verified = bearer(&head.headers)
+            .and_then(|token| {
+                token
+                    .map(|token| self.0.tokens.verify_until(token))
+                    .transpose()
+            })
             .map_err(unauthenticated)?;
-        let caller = actor(&self.0, peer, &head.headers, user);
+        let caller = actor(&self.0, peer, &head.headers, verified.map(|(user, _)| user));
         let private = caller.user.is_some();
         let mut data = Data::default();
+        // A stream's operations that read the viewer end when the token does.
+        if let Some((_, expires)) = verified {
+            data.insert(CredentialsExpire(expires));
+        }
         attach_request_data(&self.0.services, &mut data, caller);
         Ok(Admitted { data, private })
+    }
+
+    /// A stream counts under `PULSE_MAX_SOCKETS_PER_IP` as a websocket does: each holds a
+    /// connection for as long as it lasts.
+    async fn stream(&self, head: &Parts) -> Result<StreamAdmission, Refusal> {
+        let admitted = self.http(head).await?;
+        let peer = peer(head)?;
+        let sockets = &self.0.sockets_per_ip;
+        let place = sockets
+            .take(self.0.proxies.client_ip(peer, &head.headers))
+            .ok_or_else(|| too_many_sockets(sockets.cap()))?;
+        Ok(StreamAdmission {
+            data: admitted.data,
+            held: Box::new(place),
+        })
     }
 
     fn websocket(&self, head: &Parts) -> Result<SocketAdmission, Refusal> {
@@ -136,10 +161,12 @@ impl RequestHook for Callers {
     }
 }
 
-/// An upgrade past `PULSE_MAX_SOCKETS_PER_IP`: refused before it becomes a socket, so that the
-/// client gets a status and a code it can act on instead of a socket closed at once.
+/// An upgrade or a stream past `PULSE_MAX_SOCKETS_PER_IP`: refused before it becomes a socket or
+/// a stream, so that the client gets a status and a code it can act on instead of a connection
+/// closed at once.
 fn too_many_sockets(cap: u32) -> Refusal {
-    let message = format!("this address already holds {cap} websockets, the most it may");
+    let message =
+        format!("this address already holds {cap} websockets and event streams, the most it may");
     Refusal {
         status: StatusCode::TOO_MANY_REQUESTS,
         error: async_graphql::Error::new(message)
@@ -155,6 +182,7 @@ pub fn routes(state: Arc<AppState>, path: &str, websocket_path: &str) -> Router<
         websocket: state.websocket.clone(),
         shutdown: state.shutdown.clone(),
         server_failure,
+        resumable: crate::services::RESUMABLE,
     };
     Endpoint::new(state.schema.clone(), Callers(state), settings)
         .page("GraphiQL", assets::graphiql)

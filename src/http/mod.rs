@@ -47,8 +47,13 @@ pub fn router(state: AppState, cors: CorsLayer) -> Router {
 /// credentials are not allowed and even `*` lets no site act with a visitor's ambient session.
 pub fn cors(origins: &[String]) -> anyhow::Result<CorsLayer> {
     let layer = CorsLayer::new()
-        .allow_methods([Method::GET, Method::POST])
-        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        // PUT and DELETE, and the token header, are graphql-sse's single-connection mode.
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::HeaderName::from_static(pulse_edge::stream::TOKEN_HEADER),
+        ])
         .max_age(Duration::from_secs(3600));
     if origins.iter().any(|origin| origin == "*") {
         return Ok(layer.allow_origin(AllowOrigin::any()));

@@ -1,5 +1,7 @@
 //! GraphQL over HTTP for any async-graphql executor: POST and GET on one path, the websocket
-//! upgrade on another, with the media types and status codes of [`crate::media`].
+//! upgrade on another, with the media types and status codes of [`crate::media`], and the
+//! streams of [`crate::stream`] (Server-Sent Events, multipart) on the GraphQL path for a client
+//! that accepts one and at `{path}/stream`, `graphql-sse`'s path, for both of its modes.
 //!
 //! The server says who asks through a [`RequestHook`]: it builds each request's `Data` from the
 //! request's head (its credentials, its peer) or refuses the request. Everything else here knows
@@ -20,13 +22,14 @@ use axum::extract::{DefaultBodyLimit, FromRequest as _, FromRequestParts as _, Q
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
 use axum::response::{IntoResponse as _, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::media::{self, Accepted, HttpMethod, MediaType};
+use crate::media::{self, Accepted, HttpMethod, MediaType, Streamed};
 use crate::pipeline::{CLIENT_QUERY_ERROR, shorten_message};
+use crate::stream::{self, Bounds, Refused, Reservations, SlowConsumer};
 use crate::websocket;
 
 /// A request the hook let through: the data its operation sees.
@@ -79,11 +82,30 @@ impl SocketAdmission {
     }
 }
 
+/// A stream the hook let through (an SSE stream, a multipart response, a single-connection
+/// reservation): the data of its operation, and what it holds until it ends.
+pub struct StreamAdmission {
+    pub data: Data,
+    /// Kept until the stream ends: a place under a cap of open streams, say.
+    pub held: Box<dyn Any + Send>,
+}
+
 /// What the server decides about every request before it runs.
 #[async_trait::async_trait]
 pub trait RequestHook: Send + Sync + 'static {
     /// A POST or GET: its data, or why it is refused.
     async fn http(&self, head: &Parts) -> Result<Admitted, Refusal>;
+
+    /// A request that opens a long-lived response (an SSE stream, a multipart subscription, a
+    /// single-connection reservation), refused here before anything is held open. By default it
+    /// is admitted as [`RequestHook::http`] admits it, and holds nothing.
+    async fn stream(&self, head: &Parts) -> Result<StreamAdmission, Refusal> {
+        let admitted = self.http(head).await?;
+        Ok(StreamAdmission {
+            data: admitted.data,
+            held: Box::new(()),
+        })
+    }
 
     /// A websocket upgrade, before it is accepted: refused here, the client gets an HTTP answer
     /// instead of a socket.
@@ -107,6 +129,8 @@ pub struct Settings {
     pub shutdown: CancellationToken,
     /// The status of the codes that are the server's own failure (see [`media::answer`]).
     pub server_failure: fn(&str) -> Option<StatusCode>,
+    /// The subscription fields an SSE stream resumes with `Last-Event-ID`.
+    pub resumable: &'static [stream::Resumable],
 }
 
 /// How a request at the GraphQL path is carried, and in what media type it is answered.
@@ -116,6 +140,10 @@ pub enum Transport {
     Post(MediaType),
     /// One operation in the URL's parameters, which caches can keep.
     Get(MediaType),
+    /// One operation (in a POST's body or a GET's URL) answered with Server-Sent Events.
+    EventStream(HttpMethod),
+    /// One operation answered as Apollo's multipart subscriptions do.
+    Multipart(HttpMethod),
     /// A browser that opens the path without a query: the server's page.
     Page,
     /// The `Accept` header allows nothing this endpoint answers in.
@@ -128,11 +156,15 @@ pub fn transport(method: &Method, headers: &HeaderMap, uri: &Uri, page: bool) ->
     if method == Method::POST {
         return match media::negotiate(headers, false) {
             Accepted::Graphql(media) => Transport::Post(media),
+            Accepted::EventStream => Transport::EventStream(HttpMethod::Post),
+            Accepted::Multipart => Transport::Multipart(HttpMethod::Post),
             Accepted::Html | Accepted::Nothing => Transport::NotAcceptable,
         };
     }
     match media::negotiate(headers, page) {
         Accepted::Graphql(media) => Transport::Get(media),
+        Accepted::EventStream => Transport::EventStream(HttpMethod::Get),
+        Accepted::Multipart => Transport::Multipart(HttpMethod::Get),
         Accepted::Html if asks_nothing(uri) => Transport::Page,
         // A GET URL with a query opened in a browser: the answer is what it asked for.
         Accepted::Html => Transport::Get(MediaType::Json),
@@ -156,6 +188,9 @@ pub struct Endpoint<E, H> {
     page: Option<NamedPage>,
     /// The GraphQL path, named in the hint of a GET without a query.
     path: String,
+    /// What bounds every stream: the websocket's settings and the shutdown.
+    bounds: Bounds,
+    reservations: Reservations,
 }
 
 /// The server's page and what a browser sees there.
@@ -167,12 +202,19 @@ struct NamedPage {
 
 impl<E: Executor, H: RequestHook> Endpoint<E, H> {
     pub fn new(executor: E, hook: H, settings: Settings) -> Self {
+        let bounds = Bounds {
+            websocket: settings.websocket.clone(),
+            shutdown: settings.shutdown.clone(),
+            resumable: settings.resumable,
+        };
         Self {
             executor,
             hook,
             settings,
             page: None,
             path: String::new(),
+            bounds,
+            reservations: Reservations::default(),
         }
     }
 
@@ -183,8 +225,8 @@ impl<E: Executor, H: RequestHook> Endpoint<E, H> {
         self
     }
 
-    /// The routes: POST and GET at `path`, the websocket upgrade at `websocket_path`. A server
-    /// merges them into its own router.
+    /// The routes: POST and GET at `path`, the websocket upgrade at `websocket_path`, and
+    /// `graphql-sse` at `{path}/stream`. A server merges them into its own router.
     pub fn routes<S: Clone + Send + Sync + 'static>(
         mut self,
         path: &str,
@@ -195,6 +237,7 @@ impl<E: Executor, H: RequestHook> Endpoint<E, H> {
         Router::new()
             .route(path, get(graphql::<E, H>).post(graphql::<E, H>))
             .route(websocket_path, get(upgrade::<E, H>))
+            .route(&format!("{path}/stream"), any(event_stream::<E, H>))
             .layer(DefaultBodyLimit::max(max_body_bytes))
             .with_state(Arc::new(self))
     }
@@ -209,6 +252,12 @@ async fn graphql<E: Executor, H: RequestHook>(
     match transport(&head.method, &head.headers, &head.uri, page.is_some()) {
         Transport::Post(media) => post(&endpoint, head, body, media).await,
         Transport::Get(media) => get_query(&endpoint, head, media).await,
+        Transport::EventStream(method) => {
+            one_stream(&endpoint, head, body, method, stream::Transport::Sse).await
+        }
+        Transport::Multipart(method) => {
+            one_stream(&endpoint, head, body, method, stream::Transport::Multipart).await
+        }
         Transport::Page => match page {
             Some(NamedPage { page, .. }) => page(&head.headers),
             None => not_acceptable(),
@@ -321,35 +370,52 @@ async fn post<E: Executor, H: RequestHook>(
     body: Body,
     media: MediaType,
 ) -> Response {
-    if let Err(message) = check_content_type(&head.headers) {
-        return malformed(StatusCode::UNSUPPORTED_MEDIA_TYPE, media, message);
+    match read_request(endpoint, &head, body, media).await {
+        Ok(request) => execute(endpoint, &head, request, HttpMethod::Post, media).await,
+        Err(response) => response,
     }
-    let body = match read_body(&endpoint.settings, &head, body, media).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-    let request = match serde_json::from_slice::<async_graphql::Request>(&body) {
+}
+
+/// The GraphQL request in a POST's body, or the answer that refuses it.
+async fn read_request<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: &Parts,
+    body: Body,
+    media: MediaType,
+) -> Result<async_graphql::Request, Response> {
+    if let Err(message) = check_content_type(&head.headers) {
+        return Err(malformed(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            media,
+            message,
+        ));
+    }
+    let body = read_body(&endpoint.settings, head, body, media).await?;
+    match serde_json::from_slice::<async_graphql::Request>(&body) {
         Ok(request)
             if request.query.trim().is_empty()
                 && !request.extensions.contains_key("persistedQuery") =>
         {
-            return malformed(
+            Err(malformed(
                 StatusCode::BAD_REQUEST,
                 media,
                 "the request has no `query`".to_owned(),
-            );
+            ))
         }
-        Ok(request) => request,
+        Ok(request) => Ok(request),
         Err(_) if body.first() == Some(&b'[') => {
             let message = "batched requests are not supported; send one operation per request";
-            return malformed(StatusCode::BAD_REQUEST, media, message.to_owned());
+            Err(malformed(
+                StatusCode::BAD_REQUEST,
+                media,
+                message.to_owned(),
+            ))
         }
         Err(err) => {
             let message = format!("the body is not a GraphQL request in JSON: {err}");
-            return malformed(StatusCode::BAD_REQUEST, media, message);
+            Err(malformed(StatusCode::BAD_REQUEST, media, message))
         }
-    };
-    execute(endpoint, &head, request, HttpMethod::Post, media).await
+    }
 }
 
 /// The parameters of a GraphQL request sent with GET, as the GraphQL over HTTP spec names them.
@@ -458,6 +524,233 @@ async fn execute<E: Executor, H: RequestHook>(
         }
     }
     answer
+}
+
+/// The request of a stream: in a POST's body or a GET's URL. Errors before the stream starts are
+/// answered in JSON, the one type every streaming client reads.
+async fn stream_request<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: &Parts,
+    body: Body,
+    method: HttpMethod,
+) -> Result<async_graphql::Request, Response> {
+    match method {
+        HttpMethod::Post => read_request(endpoint, head, body, MediaType::Json).await,
+        HttpMethod::Get => get_request(&head.uri, &endpoint.path, None)
+            .map_err(|message| malformed(StatusCode::BAD_REQUEST, MediaType::Json, message)),
+    }
+}
+
+/// One operation answered as a stream of its results: `graphql-sse`'s distinct connections mode,
+/// or a multipart subscription. The hook admits it before anything is held open.
+async fn one_stream<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: Parts,
+    body: Body,
+    method: HttpMethod,
+    transport: stream::Transport,
+) -> Response {
+    let mut request = match stream_request(endpoint, &head, body, method).await {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    let admission = match endpoint.hook.stream(&head).await {
+        Ok(admission) => admission,
+        Err(refusal) => return transport_error(refusal.status, MediaType::Json, &refusal.error),
+    };
+    request.data = admission.data;
+    request.data.insert(method);
+    request.data.insert(Streamed);
+    let resume = match transport {
+        stream::Transport::Sse => stream::Resume::of(&request, endpoint.bounds.resumable),
+        stream::Transport::Multipart => None,
+    };
+    let last_event_id = head
+        .headers
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| !value.is_empty());
+    if let (Some(resume), Some(last_event_id)) = (&resume, last_event_id) {
+        resume.after(&mut request, last_event_id);
+    }
+    let body = stream::one_operation(
+        &endpoint.executor,
+        request,
+        transport,
+        &endpoint.bounds,
+        resume,
+        admission.held,
+    );
+    stream_response(transport, body)
+}
+
+fn stream_response(
+    transport: stream::Transport,
+    body: impl futures_util::Stream<Item = Result<Bytes, SlowConsumer>> + Send + 'static,
+) -> Response {
+    let mut response = Response::new(Body::from_stream(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(transport.content_type()),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // nginx holds a proxied response back until it has a buffer's worth, unless told not to.
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// The token of a single-connection stream: its header, or the URL parameter an `EventSource`
+/// (which sends no headers of its own) carries it in.
+fn stream_token(head: &Parts) -> Option<String> {
+    if let Some(token) = head.headers.get(stream::TOKEN_HEADER) {
+        return token.to_str().ok().map(str::to_owned);
+    }
+    url_parameter(&head.uri, "token")
+}
+
+fn url_parameter(uri: &Uri, name: &str) -> Option<String> {
+    let Query(mut parameters) =
+        Query::<std::collections::HashMap<String, String>>::try_from_uri(uri).ok()?;
+    parameters.remove(name).filter(|value| !value.is_empty())
+}
+
+/// `graphql-sse` at `{path}/stream`: both modes, told apart by the token.
+async fn event_stream<E: Executor, H: RequestHook>(
+    State(endpoint): State<Arc<Endpoint<E, H>>>,
+    request: Request<Body>,
+) -> Response {
+    let (head, body) = request.into_parts();
+    let token = stream_token(&head);
+    let wants_stream = media::negotiate(&head.headers, false) == Accepted::EventStream;
+    let method = if head.method == Method::GET {
+        HttpMethod::Get
+    } else if head.method == Method::POST {
+        HttpMethod::Post
+    } else if head.method == Method::PUT {
+        return reserve(&endpoint, &head).await;
+    } else if head.method == Method::DELETE {
+        return stop_operation(&endpoint, &head, token.as_deref());
+    } else {
+        let mut response = malformed(
+            StatusCode::METHOD_NOT_ALLOWED,
+            MediaType::Json,
+            "the event stream path takes GET, POST, PUT and DELETE".to_owned(),
+        );
+        response.headers_mut().insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, POST, PUT, DELETE"),
+        );
+        return response;
+    };
+    match (wants_stream, token, method) {
+        (true, Some(token), _) => match endpoint.reservations.open(&token) {
+            Ok(body) => stream_response(stream::Transport::Sse, body),
+            Err(refused) => refused_response(&refused),
+        },
+        (true, None, _) => one_stream(&endpoint, head, body, method, stream::Transport::Sse).await,
+        (false, Some(token), HttpMethod::Post) => {
+            start_operation(&endpoint, head, body, &token).await
+        }
+        _ => malformed(
+            StatusCode::NOT_ACCEPTABLE,
+            MediaType::Json,
+            format!(
+                "accept `{}`, or POST an operation with the `{}` header of a reserved stream",
+                media::EVENT_STREAM,
+                stream::TOKEN_HEADER
+            ),
+        ),
+    }
+}
+
+/// A refusal of the single-connection mode, with the status `graphql-sse` gives it.
+fn refused_response(refused: &Refused) -> Response {
+    let (status, code) = match refused {
+        Refused::UnknownToken => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        Refused::StreamOpen | Refused::DuplicateOperation => {
+            (StatusCode::CONFLICT, CLIENT_QUERY_ERROR)
+        }
+        Refused::TooManyOperations(_) => {
+            (StatusCode::TOO_MANY_REQUESTS, stream::TOO_MANY_OPERATIONS)
+        }
+    };
+    let error = async_graphql::Error::new(refused.message())
+        .extend_with(|_, extensions| extensions.set("code", code));
+    transport_error(status, MediaType::Json, &error)
+}
+
+/// A PUT: a stream reserved for the caller the hook admits, its token in the body.
+async fn reserve<E: Executor, H: RequestHook>(endpoint: &Endpoint<E, H>, head: &Parts) -> Response {
+    let admission = match endpoint.hook.stream(head).await {
+        Ok(admission) => admission,
+        Err(refusal) => return transport_error(refusal.status, MediaType::Json, &refusal.error),
+    };
+    let token = endpoint
+        .reservations
+        .reserve(&endpoint.bounds, admission.held);
+    let mut response = Response::new(Body::from(token));
+    *response.status_mut() = StatusCode::CREATED;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// A POST of an operation for a reserved stream: 202, and its results on the stream.
+async fn start_operation<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: Parts,
+    body: Body,
+    token: &str,
+) -> Response {
+    let mut request = match read_request(endpoint, &head, body, MediaType::Json).await {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    let id = match request.extensions.get("operationId") {
+        Some(async_graphql::Value::String(id)) if !id.is_empty() => id.clone(),
+        Some(async_graphql::Value::Number(id)) => id.to_string(),
+        _ => {
+            let message = "the request has no `extensions.operationId`".to_owned();
+            return malformed(StatusCode::BAD_REQUEST, MediaType::Json, message);
+        }
+    };
+    let admitted = match endpoint.hook.http(&head).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return transport_error(refusal.status, MediaType::Json, &refusal.error),
+    };
+    request.data = admitted.data;
+    request.data.insert(HttpMethod::Post);
+    request.data.insert(Streamed);
+    let started =
+        endpoint
+            .reservations
+            .start(token, id, &endpoint.executor, request, &endpoint.bounds);
+    match started {
+        Ok(()) => StatusCode::ACCEPTED.into_response(),
+        Err(refused) => refused_response(&refused),
+    }
+}
+
+/// A DELETE: the operation named by `operationId` stops.
+fn stop_operation<E: Executor, H: RequestHook>(
+    endpoint: &Endpoint<E, H>,
+    head: &Parts,
+    token: Option<&str>,
+) -> Response {
+    let Some(token) = token else {
+        return refused_response(&Refused::UnknownToken);
+    };
+    let Some(id) = url_parameter(&head.uri, "operationId") else {
+        let message = "the request has no `operationId` parameter".to_owned();
+        return malformed(StatusCode::BAD_REQUEST, MediaType::Json, message);
+    };
+    match endpoint.reservations.stop(token, &id) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(refused) => refused_response(&refused),
+    }
 }
 
 async fn upgrade<E: Executor, H: RequestHook>(
@@ -701,6 +994,7 @@ mod tests {
             },
             shutdown: CancellationToken::new(),
             server_failure: |_| None,
+            resumable: &[],
         };
         Endpoint::new(schema, Hook, settings).routes("/graphql", "/graphql/ws")
     }

@@ -17,6 +17,9 @@
 //!   asks through a hook that builds each request's data or refuses it.
 //! - [`persisted`]: persisted documents (automatic persisted queries, trusted documents) by
 //!   their SHA-256, kept in a store the server implements.
+//! - [`stream`]: subscriptions over long-lived HTTP responses: Server-Sent Events in both
+//!   modes of the `graphql-sse` protocol, and Apollo's multipart subscriptions, bounded as
+//!   websockets are.
 //! - [`websocket`]: a driver for both websocket protocols that bounds what async-graphql leaves
 //!   open (the init timeout, duplicate ids, operations per socket, a close at shutdown).
 //!
@@ -29,5 +32,6 @@ pub mod media;
 pub mod order;
 pub mod persisted;
 pub mod pipeline;
+pub mod stream;
 pub mod validated;
 pub mod websocket;

@@ -23,6 +23,11 @@ pub enum HttpMethod {
     Post,
 }
 
+/// In the data of a request carried by a long-lived HTTP response (Server-Sent Events or a
+/// multipart response), which can carry a subscription.
+#[derive(Clone, Copy, Debug)]
+pub struct Streamed;
+
 /// The code of a request the transport cannot carry (a mutation over GET): a 405.
 pub const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
 
@@ -30,6 +35,8 @@ pub const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
 pub const GRAPHQL_RESPONSE_JSON: &str = "application/graphql-response+json";
 /// The media type clients used before the spec.
 pub const JSON: &str = "application/json";
+/// Server-Sent Events.
+pub const EVENT_STREAM: &str = "text/event-stream";
 
 /// A media type a GraphQL answer goes out in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,13 +62,20 @@ pub enum Accepted {
     Graphql(MediaType),
     /// A browser that wants a page: GraphiQL.
     Html,
+    /// Server-Sent Events (`text/event-stream`).
+    EventStream,
+    /// Apollo's multipart subscriptions (`multipart/mixed;subscriptionSpec="1.0"`).
+    Multipart,
     /// Nothing this endpoint produces.
     Nothing,
 }
 
-/// The client's preferred type by quality; on a tie the spec's type, then JSON, then HTML (only
-/// where `html` says the endpoint has a page to show). No `Accept` header, `*/*` or
-/// `application/*` mean `application/json`, as the spec asks while clients move over.
+/// The client's preferred type by quality; on a tie a stream (SSE, then multipart: only clients
+/// that can read one name it), the spec's type, then JSON, then HTML (only where `html` says the
+/// endpoint has a page to show). No `Accept` header, `*/*` or `application/*` mean
+/// `application/json`, as the spec asks while clients move over. `multipart/mixed` counts only
+/// with `subscriptionSpec=1.0`: with `deferSpec` alone it asks for incremental delivery, which
+/// this endpoint does not do.
 pub fn negotiate(headers: &HeaderMap, html: bool) -> Accepted {
     let Some(accept) = headers
         .get(header::ACCEPT)
@@ -73,14 +87,25 @@ pub fn negotiate(headers: &HeaderMap, html: bool) -> Accepted {
     for range in accept.split(',') {
         let mut parts = range.split(';');
         let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
-        let quality = parts
+        let parameters: Vec<(&str, &str)> = parts
             .filter_map(|parameter| parameter.split_once('='))
-            .find(|(name, _)| name.trim().eq_ignore_ascii_case("q"))
-            .map_or(Some(1.0), |(_, value)| value.trim().parse::<f32>().ok());
+            .map(|(name, value)| (name.trim(), value.trim().trim_matches('"')))
+            .collect();
+        let parameter = |wanted: &str| {
+            parameters
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
+                .map(|(_, value)| *value)
+        };
+        let quality = parameter("q").map_or(Some(1.0), |value| value.parse::<f32>().ok());
         let Some(quality) = quality.filter(|quality| *quality > 0.0) else {
             continue;
         };
         let (rank, accepted) = match essence.as_str() {
+            EVENT_STREAM => (5, Accepted::EventStream),
+            "multipart/mixed" if parameter("subscriptionSpec") == Some("1.0") => {
+                (4, Accepted::Multipart)
+            }
             GRAPHQL_RESPONSE_JSON => (3, Accepted::Graphql(MediaType::GraphqlResponseJson)),
             JSON => (2, Accepted::Graphql(MediaType::Json)),
             "application/*" | "*/*" => (1, Accepted::Graphql(MediaType::Json)),
@@ -299,5 +324,22 @@ mod tests {
         assert_eq!(accepting(Some("text/html"), false), Nothing);
         assert_eq!(accepting(Some("application/json;q=0"), false), Nothing);
         assert_eq!(accepting(Some("application/xml"), false), Nothing);
+    }
+
+    #[test]
+    fn a_stream_is_answered_only_to_a_client_that_names_one() {
+        use Accepted::*;
+        assert_eq!(accepting(Some("text/event-stream"), false), EventStream);
+        let apollo = r#"multipart/mixed;boundary="graphql";subscriptionSpec=1.0,application/json"#;
+        assert_eq!(accepting(Some(apollo), false), Multipart);
+        let quoted = r#"multipart/mixed; subscriptionSpec="1.0", application/json"#;
+        assert_eq!(accepting(Some(quoted), false), Multipart);
+        let deferred = "multipart/mixed;deferSpec=20220824,application/json";
+        assert_eq!(accepting(Some(deferred), false), Graphql(MediaType::Json));
+        assert_eq!(
+            accepting(Some("text/event-stream;q=0.5, application/json"), false),
+            Graphql(MediaType::Json)
+        );
+        assert_eq!(accepting(Some("*/*"), false), Graphql(MediaType::Json));
     }
 }

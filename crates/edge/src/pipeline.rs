@@ -5,7 +5,8 @@
 //! Errors raised here carry their code in `extensions.code`: `BAD_USER_INPUT` for a document or
 //! variables the client must fix (and for any error async-graphql raised without a code),
 //! `METHOD_NOT_ALLOWED` for a mutation over GET, `WEBSOCKET_REQUIRED` for a subscription over
-//! HTTP, and the persisted documents' own (see [`crate::persisted`]). The metrics are
+//! HTTP answered in JSON (one carried by a stream, [`crate::media::Streamed`], runs), and the
+//! persisted documents' own (see [`crate::persisted`]). The metrics are
 //! `pulse_graphql_requests_total` and `pulse_graphql_request_duration_seconds`, labelled by
 //! `operation` and `outcome`.
 
@@ -25,7 +26,7 @@ use futures_util::stream::BoxStream;
 use metrics::{Counter, Histogram};
 
 use crate::guard;
-use crate::media::{HttpMethod, METHOD_NOT_ALLOWED};
+use crate::media::{HttpMethod, METHOD_NOT_ALLOWED, Streamed};
 use crate::order::{self, SchemaTypes};
 use crate::persisted::{DocumentStore, PersistedDocuments};
 use crate::validated::{Validation, ValidationTally};
@@ -312,10 +313,12 @@ fn check_transport(
     let Some(operation) = order::operation(document, request.operation_name.as_deref()) else {
         return Ok(());
     };
+    let streamed = request.data.contains_key(&TypeId::of::<Streamed>());
     match (method, operation.node.ty) {
+        (_, OperationType::Subscription) if streamed => Ok(()),
         (_, OperationType::Subscription) => Err(whole_request(
             format!(
-                "subscriptions are served over a websocket at {websocket_url} (subprotocol graphql-transport-ws or graphql-ws), not over HTTP"
+                "subscriptions are served over a websocket at {websocket_url} (subprotocol graphql-transport-ws or graphql-ws), or over HTTP to a client that accepts `text/event-stream` or `multipart/mixed;subscriptionSpec=\"1.0\"`"
             ),
             WEBSOCKET_REQUIRED,
         )),

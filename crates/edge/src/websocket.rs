@@ -513,7 +513,7 @@ fn message_bytes(message: &Message) -> usize {
     }
 }
 
-fn credentials_expire(data: &Data) -> Option<SystemTime> {
+pub(crate) fn credentials_expire(data: &Data) -> Option<SystemTime> {
     let value = data.get(&TypeId::of::<CredentialsExpire>())?;
     (**value)
         .downcast_ref::<CredentialsExpire>()
@@ -678,6 +678,26 @@ struct SessionSettings {
     live_fields: &'static [LiveField],
 }
 
+impl SessionSettings {
+    fn of(settings: &Settings) -> Self {
+        Self {
+            max_subscriptions: settings.max_subscriptions,
+            viewer_fields: settings.viewer_fields,
+            live_fields: settings.live_fields,
+        }
+    }
+}
+
+/// Whether each result of `request` is a whole snapshot, which a newer one may replace unsent,
+/// and whether it reads the viewer, so that it ends when the credentials expire.
+pub(crate) fn snapshot_and_viewer(
+    request: &async_graphql::Request,
+    settings: &Settings,
+) -> (bool, bool) {
+    let operation = classify(request, &SessionSettings::of(settings));
+    (operation.snapshot, operation.reads_viewer)
+}
+
 /// What the driver must know of the conversation that async-graphql keeps to itself.
 struct Session {
     protocol: WebSocketProtocols,
@@ -729,11 +749,7 @@ impl Session {
     fn new(protocol: WebSocketProtocols, settings: &Settings) -> Self {
         Self {
             protocol,
-            settings: SessionSettings {
-                max_subscriptions: settings.max_subscriptions,
-                viewer_fields: settings.viewer_fields,
-                live_fields: settings.live_fields,
-            },
+            settings: SessionSettings::of(settings),
             initialised: false,
             acknowledged: false,
             running: HashMap::new(),
