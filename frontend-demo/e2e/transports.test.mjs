@@ -64,11 +64,11 @@ function until(what, stream, check) {
 async function vote(option) {
   const voter = await pulse.signUp(unique('voter'));
   const data = await pulse.graphql(
-    'mutation($poll: ID!, $option: ID!) { castVotes(input: { ballots: [{ pollId: $poll, optionId: $option }] }) { results { counted } } }',
+    'mutation($poll: ID!, $option: ID!) { castVotes(input: { ballots: [{ pollId: $poll, optionId: $option }] }) { results { accepted reason } } }',
     { poll: poll.id, option },
     voter.token,
   );
-  assert.equal(data.castVotes.results[0].counted, true);
+  assert.equal(data.castVotes.results[0].accepted, true, JSON.stringify(data.castVotes.results[0]));
 }
 
 /** An author and a reader who follows them. */
