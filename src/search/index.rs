@@ -86,7 +86,8 @@ pub struct Applied {
 pub trait DocumentStore: Send + Sync {
     /// The position of the last commit; `None` for a store never committed (built from SQL).
     async fn applied(&self) -> anyhow::Result<Option<Applied>>;
-    /// Stages the removal of every document (a rebuild).
+    /// Stages the removal of every document (a rebuild), dropping what was staged since the
+    /// last commit.
     async fn clear(&self) -> anyhow::Result<()>;
     async fn stage(&self, changes: Vec<Change>) -> anyhow::Result<()>;
     /// Makes what was staged visible together with `applied`.
@@ -509,9 +510,22 @@ impl DocumentStore for EmbeddedIndex {
 
     async fn clear(&self) -> anyhow::Result<()> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.writer().delete_all_documents().map(drop))
-            .await??;
-        Ok(())
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let mut writer = this.writer();
+            // tantivy's delete_all_documents winds the opstamp counter back to the commit the
+            // writer was opened at, not its last one, while deletes of the last commit can
+            // still wait in an indexing thread's queue. Their higher opstamps stop that thread
+            // from applying the rebuild's own deletes when it writes its segment; at the commit
+            // they are applied as if newer than every document of it, so a rebuilt document went
+            // with the delete staged just before it (issue 24: a rebuild after `pulse rebuild
+            // search` without article 1). A rollback first leaves a writer as freshly opened: an
+            // empty delete queue and the counter at the last commit, where winding back is a
+            // no-op.
+            writer.rollback()?;
+            writer.delete_all_documents()?;
+            Ok(())
+        })
+        .await?
     }
 
     async fn stage(&self, changes: Vec<Change>) -> anyhow::Result<()> {
