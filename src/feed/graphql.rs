@@ -80,8 +80,8 @@ impl FeedSubscription {
     /// since that cursor while the client was away, oldest first, then the new ones, each once.
     /// When those cannot be replayed (a cursor of another viewer, more missed than
     /// PULSE_REPLAY_LIMIT, or the feed's history was rebuilt since), or the live source lost items
-    /// it cannot replay, the stream sends one error with `extensions.code` RESYNC_REQUIRED and
-    /// ends: query `feed` again and subscribe with its newest cursor.
+    /// it cannot replay, the stream sends one error with `extensions.code` RESYNC_REQUIRED, then
+    /// ends; the client queries `feed` again and subscribes with its newest cursor.
     async fn feed_item_added(
         &self,
         ctx: &Context<'_>,
