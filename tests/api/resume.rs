@@ -353,7 +353,13 @@ async fn a_hundred_feed_subscribers_reconnecting_at_random_while_a_thousand_item
     // Readers whose journal is lost halfway, as if Redis had dropped it: they must be told to
     // resync, re-read and still end with every item.
     const LOST: usize = 5;
-    let app = TestApp::spawn_with(|config| config.replay_limit = 1100).await;
+    let app = TestApp::spawn_with(|config| {
+        config.replay_limit = 1100;
+        // The hundred clients read in one task, behind the server's replays: the disconnects
+        // are the test's own, not slow-consumer closes.
+        config.ws_send_budget = 64 << 20;
+    })
+    .await;
     let people = users(&app, "churn", AUTHORS + READERS).await;
     let (authors, readers) = people.split_at(AUTHORS);
     for &author in authors {
