@@ -27,10 +27,16 @@ pub struct Scripts {
     pub featured_store: Script,
     /// One voter's ballots in one poll, all or nothing each: see `lua/vote_cast.lua`.
     pub vote_cast: Script,
-    /// One article into one follower's timeline: see `lua/feed_deliver.lua`.
+    /// Articles into the timelines of one author's followers: see `lua/feed_deliver.lua`.
     pub feed_deliver: Script,
     /// One page of a timeline from its inbox: see `lua/feed_read.lua`.
     pub feed_read: Script,
+    /// A journal (a reader's feed, the publications) after a position: see `lua/journal_read.lua`.
+    pub journal_read: Script,
+    /// A published article journaled and announced: see `lua/article_announce.lua`.
+    pub article_announce: Script,
+    /// A journal opened for a subscriber: see `lua/journal_open.lua`.
+    pub journal_open: Script,
     /// A missing inbox's rebuild started under a lock: see `lua/feed_rebuild_begin.lua`.
     pub feed_rebuild_begin: Script,
     /// A rebuilt inbox renamed in: see `lua/feed_rebuild_install.lua`.
@@ -55,6 +61,9 @@ impl Scripts {
             vote_cast: Script::new(include_str!("../lua/vote_cast.lua")),
             feed_deliver: Script::new(include_str!("../lua/feed_deliver.lua")),
             feed_read: Script::new(include_str!("../lua/feed_read.lua")),
+            journal_read: Script::new(include_str!("../lua/journal_read.lua")),
+            article_announce: Script::new(include_str!("../lua/article_announce.lua")),
+            journal_open: Script::new(include_str!("../lua/journal_open.lua")),
             feed_rebuild_begin: Script::new(include_str!("../lua/feed_rebuild_begin.lua")),
             feed_rebuild_install: Script::new(include_str!("../lua/feed_rebuild_install.lua")),
             feed_outbox_add: Script::new(include_str!("../lua/feed_outbox_add.lua")),
@@ -63,7 +72,7 @@ impl Scripts {
     }
 
     /// Every script, for the registry to load at start-up (`Redis::connect`).
-    pub fn all(&self) -> [&Script; 15] {
+    pub fn all(&self) -> [&Script; 18] {
         [
             &self.rate_limit,
             &self.record_view,
@@ -76,6 +85,9 @@ impl Scripts {
             &self.vote_cast,
             &self.feed_deliver,
             &self.feed_read,
+            &self.journal_read,
+            &self.article_announce,
+            &self.journal_open,
             &self.feed_rebuild_begin,
             &self.feed_rebuild_install,
             &self.feed_outbox_add,

@@ -254,12 +254,14 @@ pub struct ArticlesSubscription;
 
 #[Subscription]
 impl ArticlesSubscription {
-    /// Articles as they are published, optionally only one author's. With `after` (the `id` of
-    /// the last article the client got, or a cursor from `articles`), first every article
-    /// published after it while the client was away, oldest first, then the new ones, each once.
-    /// When those cannot be replayed (more than PULSE_REPLAY_LIMIT), or the live source lost
-    /// articles it cannot replay, the stream sends one error with `extensions.code`
-    /// RESYNC_REQUIRED and ends: query `articles` again and subscribe after its newest.
+    /// Articles as they are published, optionally only one author's, in the order they were
+    /// announced (not always that of their ids: those commit out of order). With `after` (the
+    /// `id` of the last article the client got, or a cursor from `articles`), first every article
+    /// announced after it while the client was away, oldest first, then the new ones, each once.
+    /// When those cannot be replayed (more than PULSE_REPLAY_LIMIT, or `after` is no longer in
+    /// the journal of publications), or the live source lost articles it cannot replay, the
+    /// stream sends one error with `extensions.code` RESYNC_REQUIRED and ends: query `articles`
+    /// again and subscribe after its newest.
     async fn article_published(
         &self,
         ctx: &Context<'_>,
@@ -271,7 +273,11 @@ impl ArticlesSubscription {
             .transpose()
             .gql()?;
         let after = after.as_deref().map(published_position).transpose().gql()?;
-        let published = services(ctx).articles.published(after, author_id);
+        let published = services(ctx)
+            .articles
+            .published(after, author_id)
+            .await
+            .gql()?;
         Ok(published.map(|article| article.map(Article).gql()))
     }
 

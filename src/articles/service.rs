@@ -1,3 +1,6 @@
+use std::collections::HashMap;
+
+use anyhow::Context as _;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
@@ -13,6 +16,7 @@ use crate::keys::ArticleKeys;
 use crate::pagination::{Page, PageRequest, Position, Walk};
 use crate::realtime::{Confirmations, Hub, HubSubscription, Replay, Resume, resumable};
 use crate::redis::Redis;
+use crate::scripts::SCRIPTS;
 use crate::text::{Controls, TextRule, Trim};
 
 /// All articles (or one author's, through the `articles` query), newest first.
@@ -98,10 +102,28 @@ pub struct ArticleService {
     replay_limit: u32,
 }
 
-/// The resync of an `articlePublished` whose client missed more than one replay carries.
+/// The resync of an `articlePublished` whose journal Redis lost, and started again, under it.
+const JOURNAL_RENEWED: &str = "the journal of publications was started again (the cache lost it), \
+     so what was published meanwhile cannot be replayed: query `articles` again and subscribe \
+     after its newest";
+
+/// An announcement on the articles' channel: "epoch:position:" and the article as JSON.
+fn announced(payload: &[u8]) -> anyhow::Result<(i64, i64, articles::Model)> {
+    let mut parts = payload.splitn(3, |&byte| byte == b':');
+    let mut number = || -> anyhow::Result<i64> {
+        let part = parts.next().context("a part is missing")?;
+        Ok(std::str::from_utf8(part)?.parse()?)
+    };
+    let (epoch, position) = (number()?, number()?);
+    let article = serde_json::from_slice(parts.next().context("the article is missing")?)?;
+    Ok((epoch, position, article))
+}
+
+/// The resync of an `articlePublished` whose client missed more than one replay carries, or whose
+/// position the journal no longer holds.
 const TOO_FAR_BEHIND: &str = "more articles were published since this position than a resumed \
-     subscription replays (PULSE_REPLAY_LIMIT): query `articles` again and subscribe after its \
-     newest";
+     subscription replays (PULSE_REPLAY_LIMIT), or it is older than the journal of publications \
+     holds: query `articles` again and subscribe after its newest";
 
 impl ArticleService {
     pub fn new(
@@ -141,18 +163,23 @@ impl ArticleService {
         Ok(article)
     }
 
-    /// Tells live subscribers about a new article. The article is committed already, so a failure
-    /// here is logged, not returned: the publish succeeded.
+    /// Tells live subscribers about a new article, journaled with its position (see
+    /// `lua/article_announce.lua`). The article is committed already, so a failure here is
+    /// logged, not returned: the publish succeeded.
     async fn announce(&self, article: &articles::Model) {
         let payload = match serde_json::to_vec(article) {
             Ok(payload) => payload,
             Err(err) => return tracing::error!(error = %err, "cannot encode an article event"),
         };
         let mut conn = self.redis.conn.clone();
-        let published = redis::cmd("PUBLISH")
+        let published = SCRIPTS
+            .article_announce
+            .key(self.redis.keys.articles_journal())
             .arg(self.redis.keys.articles_published_channel())
+            .arg(self.replay_limit)
+            .arg(article.id)
             .arg(payload)
-            .query_async::<i64>(&mut conn)
+            .invoke_async::<i64>(&mut conn)
             .await;
         if let Err(err) = published {
             // Until publishing goes through a durable outbox (the feed), an announcement that Redis
@@ -162,64 +189,113 @@ impl ArticleService {
         }
     }
 
-    /// Articles as they are published (only `author`'s, if given), as their committed rows. With
-    /// `after` (an article id: the last one the client has), first those published after it,
-    /// oldest first, then the new ones, each once; ends with `RESYNC_REQUIRED` when more were
-    /// published since than one replay carries.
-    pub fn published(
+    /// Articles as they are published (only `author`'s, if given), as their committed rows, in
+    /// the order they were announced (the journal's; not always the order of ids, which commit out
+    /// of order). With `after` (an article id: the last one the client has), first those announced
+    /// after it, oldest first, then the new ones, each once; ends with `RESYNC_REQUIRED` when more
+    /// were announced since than one replay carries, or the journal no longer holds `after`.
+    pub async fn published(
         &self,
         after: Option<i64>,
         author: Option<i64>,
-    ) -> impl futures_util::Stream<Item = AppResult<articles::Model>> + use<> {
+    ) -> AppResult<impl futures_util::Stream<Item = AppResult<articles::Model>> + use<>> {
         use futures_util::StreamExt as _;
+        let mut conn = self.redis.conn.clone();
+        let (epoch, newest, known): (i64, i64, i64) = SCRIPTS
+            .journal_open
+            .key(self.redis.keys.articles_journal())
+            .arg(after.map(|id| id.to_string()).unwrap_or_default())
+            .invoke_async(&mut conn)
+            .await?;
+        let start = match after {
+            // Positions start at 1: 0 is an article the journal does not hold (any more).
+            Some(_) if known == 0 => return Err(AppError::ResyncRequired(TOO_FAR_BEHIND)),
+            Some(_) => known,
+            None => newest,
+        };
         let subscription: HubSubscription = self
             .hub
             .subscribe(self.redis.keys.articles_published_channel());
         let confirmations = Confirmations::new(vec![subscription.confirmations()]);
         let arrivals = subscription.filter_map(move |payload| async move {
-            serde_json::from_slice::<articles::Model>(&payload)
+            let (of, position, article) = announced(&payload)
                 .inspect_err(
                     |err| tracing::warn!(error = %err, "ignoring a malformed article event"),
                 )
-                .ok()
-                .filter(|article| author.is_none_or(|author| author == article.author_id))
+                .ok()?;
+            if of != epoch {
+                return Some(Err(AppError::ResyncRequired(JOURNAL_RENEWED)));
+            }
+            let article =
+                Some(article).filter(|article| author.is_none_or(|a| a == article.author_id));
+            Some(Ok((position, article)))
         });
         let history = self.clone();
         let resume = Resume {
-            after,
-            position: |article: &articles::Model| article.id,
+            after: Some(start),
+            position: |(position, _): &(i64, Option<articles::Model>)| *position,
             replay: move |from| {
                 let history = history.clone();
-                async move { history.published_since(from, author).await }
+                async move { history.published_since(epoch, from, author).await }
             },
             buffer: self.replay_limit as usize,
             resync: || AppError::ResyncRequired(TOO_FAR_BEHIND),
         };
-        resumable(arrivals, confirmations, resume)
+        Ok(
+            resumable(arrivals, confirmations, resume).filter_map(|event| {
+                std::future::ready(match event {
+                    Ok((_, article)) => article.map(Ok),
+                    Err(err) => Some(Err(err)),
+                })
+            }),
+        )
     }
 
-    /// The articles (of `author`, if given) published after `after`, oldest first, from SQL;
-    /// `Unreachable` past the replay limit. Ids are minted in publication order, so publication
-    /// order is id order.
+    /// The articles (of `author`, if given; the others as positions without a row) journaled
+    /// after `position`, oldest first, from the journal and then SQL; `Unreachable` when the
+    /// journal is not of `epoch`, no longer reaches back, or holds more than the replay limit
+    /// after it.
     async fn published_since(
         &self,
-        after: i64,
+        epoch: i64,
+        position: i64,
         author: Option<i64>,
-    ) -> AppResult<Replay<articles::Model>> {
-        let limit = u64::from(self.replay_limit);
-        let mut query = articles::Entity::find()
-            .filter(articles::Column::Id.gt(after))
-            .order_by_asc(articles::Column::Id)
-            .limit(limit + 1);
-        if let Some(author) = author {
-            query = query.filter(articles::Column::AuthorId.eq(author));
+    ) -> AppResult<Replay<(i64, Option<articles::Model>)>> {
+        let mut conn = self.redis.conn.clone();
+        let reply: Vec<i64> = SCRIPTS
+            .journal_read
+            .key(self.redis.keys.articles_journal())
+            .arg(epoch)
+            .arg(position)
+            .arg(self.replay_limit)
+            .invoke_async(&mut conn)
+            .await?;
+        let [1, through, ..] = reply[..] else {
+            return Ok(Replay::Unreachable);
+        };
+        let entries: Vec<(i64, i64)> = reply[2..]
+            .chunks_exact(2)
+            .map(|pair| (pair[0], pair[1]))
+            .collect();
+        if entries.is_empty() {
+            return Ok(Replay::Events {
+                events: Vec::new(),
+                through,
+            });
         }
-        let rows = retry_once(|| query.clone().all(&self.db)).await?;
-        Ok(if rows.len() as u64 > limit {
-            Replay::Unreachable
-        } else {
-            Replay::Events(rows)
-        })
+        let query = articles::Entity::find()
+            .filter(articles::Column::Id.is_in(entries.iter().map(|&(id, _)| id)));
+        let mut rows: HashMap<i64, articles::Model> = retry_once(|| query.clone().all(&self.db))
+            .await?
+            .into_iter()
+            .filter(|article| author.is_none_or(|author| author == article.author_id))
+            .map(|article| (article.id, article))
+            .collect();
+        let events = entries
+            .into_iter()
+            .map(|(id, position)| (position, rows.remove(&id)))
+            .collect();
+        Ok(Replay::Events { events, through })
     }
 
     /// Changes title and/or body. Only the author may; the counters are not written.

@@ -74,13 +74,14 @@ pub struct FeedSubscription;
 
 #[Subscription]
 impl FeedSubscription {
-    /// New items in the signed-in viewer's feed (token in the connection_init payload). With
-    /// `after` (a cursor from `feed` or from an earlier item), first every item added above that
-    /// cursor while the client was away, oldest first, then the new ones, each once. When those
-    /// cannot be replayed (a cursor of another viewer, or more missed than PULSE_REPLAY_LIMIT), or
-    /// the live source lost items it cannot replay, the stream sends one error with
-    /// `extensions.code` RESYNC_REQUIRED and ends: query `feed` again and subscribe with its
-    /// newest cursor.
+    /// New items in the signed-in viewer's feed (token in the connection_init payload), in the
+    /// order they were delivered to it (not always that of their ids: those commit out of order).
+    /// With `after` (a cursor from `feed` or from an earlier item), first every item delivered
+    /// since that cursor while the client was away, oldest first, then the new ones, each once.
+    /// When those cannot be replayed (a cursor of another viewer, more missed than
+    /// PULSE_REPLAY_LIMIT, or the feed's history was rebuilt since), or the live source lost items
+    /// it cannot replay, the stream sends one error with `extensions.code` RESYNC_REQUIRED, then
+    /// ends; the client queries `feed` again and subscribes with its newest cursor.
     async fn feed_item_added(
         &self,
         ctx: &Context<'_>,

@@ -24,7 +24,7 @@
 //!
 //! Order: newest first is descending article id (ids are minted in publication order, and SQL's
 //! timestamps keep whole seconds only), so every position is unique and a cursor is exact across
-//! the inbox, celebrity outboxes and SQL. Cursors carry a MAC of (viewer, id).
+//! the inbox, celebrity outboxes and SQL. Cursors carry a MAC of (viewer, id, journal position).
 //!
 //! The graph changes under the inboxes: a follow or unfollow (told by the follows service's
 //! listener) queues a `feed-follows` job that merges or removes the followee's articles; one that
@@ -39,11 +39,20 @@
 //! live item is announced only by the write that added it. Reads filter by SQL's `follows`, so an
 //! unfollowed author's items never show, even before the removal job ran.
 //!
-//! Live: `feedItemAdded` hears the viewer's channel (fan-out announces an item to online users only,
-//! when its write added it) and the channels of the celebrities they follow. Resumed from a cursor,
-//! it marks the viewer online and subscribes before reading the timeline above the cursor the way a
-//! page reads it (inbox, outboxes, SQL below the floor), so an item is replayed or heard, and items
-//! both replayed and heard go out once ([`crate::realtime::resume`]).
+//! Live: `feedItemAdded` hears the viewer's channel (fan-out announces an item to online users
+//! only, when its write added it) and the channels of the celebrities they follow (an article heard
+//! there is delivered into the viewer's inbox by the subscription, and comes back on the viewer's
+//! channel). Its positions are not article ids but the viewer's **journal** (a sorted set beside
+//! the inbox): the delivery that adds an article to the inbox gives it the journal's next position
+//! and announces it with it, in one script, so the journal is the order in which items joined the
+//! feed (ids commit out of order, and fan-out of different authors runs concurrently, so an id
+//! below one a client holds can still be delivered). A journal has an epoch; one created again (a
+//! delivery found the inbox gone and left the audience, or Redis lost it) has a new one, and
+//! cursors of the old one resync. Feed cursors carry (epoch, position); a page's carry the position
+//! the inbox read found, so a subscription resumed from a page replays the items above its cursor
+//! and those delivered after it. Resumed, the stream marks the viewer online and subscribes before
+//! reading the journal, so an item is replayed or heard, and each goes out once, in journal order
+//! ([`crate::realtime::resume`]).
 //!
 //! May be lost: nothing. Every inbox and outbox rebuilds from SQL.
 

@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,12 +12,70 @@ use crate::actor::Actor;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::FeedKeys;
-use crate::pagination::{Cursor, Page, PageRequest, Position, Walk};
+use crate::pagination::{Cursor, Page, PageRequest, Position, SortKey, Walk};
 use crate::realtime::{Confirmations, Hub, Replay, Resume, resumable};
 use crate::scripts::SCRIPTS;
 
-/// The viewer's timeline, newest first. Positions are (MAC of viewer and id, article id).
+/// The viewer's timeline, newest first. Positions are ([`FeedKey`], article id).
 pub const FEED: Walk = Walk("feed");
+
+/// The sort key of a feed cursor: a MAC that ties the cursor to its viewer (over the id and the
+/// mark), and where the item stands in the viewer's journal. Pages page by the id alone; a resumed
+/// `feedItemAdded` starts from the mark. Cursors issued before the journal existed, and those of a
+/// page read from SQL while the inbox was being rebuilt, have no mark: they page, and a
+/// subscription resumed from them is told to resync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeedKey {
+    tag: i64,
+    mark: Option<Mark>,
+}
+
+/// Where a client stands in its viewer's journal (see `lua/feed_read.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    /// The journal's epoch: a journal created again has another, and nothing of it replays.
+    epoch: i64,
+    /// The client has every article delivered up to this position.
+    position: i64,
+    /// The cursor comes from a page (or from the replay of one): the client also has the feed's
+    /// items at or below the cursor's id as they were when `position` was newest, and none above
+    /// it, so a resume replays those above the id as well.
+    page: bool,
+}
+
+impl SortKey for FeedKey {
+    fn write(&self) -> String {
+        match self.mark {
+            None => self.tag.to_string(),
+            Some(mark) => format!(
+                "{}.{}.{}.{}",
+                self.tag,
+                mark.epoch,
+                mark.position,
+                if mark.page { "p" } else { "j" }
+            ),
+        }
+    }
+
+    fn read(raw: &str) -> Option<Self> {
+        let mut parts = raw.split('.');
+        let tag = parts.next()?.parse().ok()?;
+        let mark = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (None, ..) => None,
+            (Some(epoch), Some(position), Some(kind), None) => Some(Mark {
+                epoch: epoch.parse().ok()?,
+                position: position.parse().ok()?,
+                page: match kind {
+                    "p" => true,
+                    "j" => false,
+                    _ => return None,
+                },
+            }),
+            _ => return None,
+        };
+        Some(Self { tag, mark })
+    }
+}
 
 /// How long a rebuild may hold its lock; a reader finding it held serves from SQL meanwhile.
 const REBUILD_LOCK: Duration = Duration::from_secs(10);
@@ -35,10 +93,25 @@ const REPLAY_CHUNK: usize = 100;
 const FOREIGN_CURSOR: &str = "this cursor was not issued for your feed, so nothing can be replayed \
      from it: query `feed` again and subscribe with its newest cursor";
 
-/// The resync of a `feedItemAdded` whose client missed more than one replay carries.
+/// The resync of a `feedItemAdded` resumed from a cursor without a journal position.
+const UNMARKED_CURSOR: &str = "this cursor holds no position in your feed's journal (it was issued \
+     before positions were kept, or while your feed was being rebuilt), so nothing can be replayed \
+     from it: query `feed` again and subscribe with its newest cursor";
+
+/// The resync of a `feedItemAdded` whose journal was created again since its cursor, or under it.
+const JOURNAL_RENEWED: &str = "your feed was rebuilt since this cursor (it had expired, or the \
+     cache lost it), so what was added meanwhile cannot be replayed: query `feed` again and \
+     subscribe with its newest cursor";
+
+/// The error of a `feedItemAdded` whose inbox is being rebuilt by another process.
+const REBUILDING: &str = "your feed is being rebuilt: query `feed` again and subscribe with its \
+     newest cursor";
+
+/// The resync of a `feedItemAdded` whose client missed more than one replay carries, or whose
+/// journal no longer reaches back to its cursor.
 const TOO_FAR_BEHIND: &str = "more items were added to your feed since this cursor than a resumed \
-     subscription replays (PULSE_REPLAY_LIMIT): query `feed` again and subscribe with its newest \
-     cursor";
+     subscription replays (PULSE_REPLAY_LIMIT), or your feed was rebuilt since: query `feed` \
+     again and subscribe with its newest cursor";
 
 /// One page of a timeline.
 pub struct FeedPage {
@@ -50,6 +123,8 @@ pub struct FeedPage {
 /// Candidate ids for a page, before hydration and the follow filter.
 struct Candidates {
     ids: Vec<i64>,
+    /// The journal as the inbox read found it; none when the page came from SQL.
+    journal: Option<Journal>,
     /// Nothing older than the last candidate exists.
     exhausted: bool,
     regenerating: bool,
@@ -95,10 +170,19 @@ impl FeedService {
         &self.store
     }
 
-    fn position(&self, viewer: i64, article: i64) -> Position<i64> {
-        let message = format!("feed:{viewer}:{article}");
+    fn position(&self, viewer: i64, article: i64, mark: Option<Mark>) -> Position<FeedKey> {
+        let message = match mark {
+            None => format!("feed:{viewer}:{article}"),
+            Some(mark) => format!(
+                "feed:{viewer}:{article}:{}:{}:{}",
+                mark.epoch, mark.position, mark.page
+            ),
+        };
         Position {
-            key: self.tokens.tag(message.as_bytes()),
+            key: FeedKey {
+                tag: self.tokens.tag(message.as_bytes()),
+                mark,
+            },
             id: article,
         }
     }
@@ -109,11 +193,11 @@ impl FeedService {
         actor: &Actor,
         first: Option<i32>,
         after: Option<&str>,
-    ) -> AppResult<(i64, PageRequest<i64>)> {
+    ) -> AppResult<(i64, PageRequest<FeedKey>)> {
         let viewer = actor.require_user()?;
-        let request = PageRequest::<i64>::parse(FEED, first, after)?;
+        let request = PageRequest::<FeedKey>::parse(FEED, first, after)?;
         if let Some(after) = request.after
-            && after != self.position(viewer, after.id)
+            && after != self.position(viewer, after.id, after.key.mark)
         {
             return Err(AppError::bad_input(
                 "after",
@@ -125,19 +209,23 @@ impl FeedService {
 
     /// A page of the viewer's timeline: from the inbox (rebuilt first when missing), merged with
     /// the celebrities' outboxes, continued from SQL past the cached window; only articles of
-    /// authors the viewer follows now.
+    /// authors the viewer follows now. Its cursors carry the journal's position as the first
+    /// inbox read found it, which says what the page holds to a subscription resumed from them.
     #[tracing::instrument(skip_all, fields(viewer))]
-    pub async fn page(&self, viewer: i64, request: &PageRequest<i64>) -> AppResult<FeedPage> {
+    pub async fn page(&self, viewer: i64, request: &PageRequest<FeedKey>) -> AppResult<FeedPage> {
         let want = request.fetch_limit() as usize;
         let mut below = request.after.map_or(i64::MAX, |after| after.id);
         let mut rows: Vec<articles::Model> = Vec::with_capacity(want);
         let mut regenerating = false;
+        let mut journal = None;
         loop {
             let missing = want - rows.len();
             // A few more than missing: some may be filtered out.
             let asked = (missing + missing / 4 + 2) as u64;
             let candidates = self.candidates(viewer, below, asked).await?;
             regenerating |= candidates.regenerating;
+            // As the first read found it: the page holds what was delivered up to then.
+            journal.get_or_insert(candidates.journal);
             let Some(&last) = candidates.ids.last() else {
                 break;
             };
@@ -148,12 +236,20 @@ impl FeedService {
             }
         }
         rows.truncate(want);
-        let page = Page::from_overfetch(rows, request, |row| self.position(viewer, row.id));
+        let mark = journal.flatten().map(|journal| Mark {
+            epoch: journal.epoch,
+            position: journal.head,
+            page: true,
+        });
+        let page = Page::from_overfetch(rows, request, |row| self.position(viewer, row.id, mark));
         Ok(FeedPage { page, regenerating })
     }
 
     /// The articles of `ids` that exist and whose author `viewer` follows, in the order of `ids`.
     async fn hydrate(&self, viewer: i64, ids: &[i64]) -> AppResult<Vec<articles::Model>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let found = self.store.followed_articles(viewer, ids).await?;
         let mut by_id: HashMap<i64, articles::Model> =
             found.into_iter().map(|row| (row.id, row)).collect();
@@ -178,6 +274,7 @@ impl FeedService {
             return Ok(Candidates {
                 exhausted: (ids.len() as u64) < limit,
                 ids,
+                journal: None,
                 regenerating,
             });
         };
@@ -189,6 +286,7 @@ impl FeedService {
             }
         };
         let mut floor = floor_of(&inbox.ids, inbox.floor);
+        let journal = Some(inbox.journal);
         let mut merged: Vec<i64> = inbox.ids;
         let celebrities = self.store.followed_celebrities(viewer).await?;
         for celebrity in celebrities {
@@ -217,6 +315,7 @@ impl FeedService {
         }
         Ok(Candidates {
             ids: merged,
+            journal,
             exhausted,
             regenerating,
         })
@@ -233,15 +332,17 @@ impl FeedService {
         let reply: Vec<i64> = SCRIPTS
             .feed_read
             .key(keys.inbox())
+            .key(keys.journal())
             .arg(max)
             .arg(limit)
             .arg(self.store.settings.inbox_ttl.as_millis() as u64)
             .invoke_async(&mut conn)
             .await?;
         Ok(match reply[..] {
-            [1, floor, ..] => Some(Inbox {
+            [1, floor, epoch, head, ..] => Some(Inbox {
                 floor,
-                ids: reply[2..].to_vec(),
+                journal: Journal { epoch, head },
+                ids: reply[4..].to_vec(),
             }),
             _ => None,
         })
@@ -319,25 +420,29 @@ impl FeedService {
         })
     }
 
-    /// Where a resumed `feedItemAdded` starts: the article id of `after`, a cursor of the viewer's
-    /// feed (from `feed` or an earlier item). `BAD_USER_INPUT` when it is malformed;
-    /// `RESYNC_REQUIRED` when it was not issued to the viewer (forged, or another viewer's), since
-    /// nothing can be replayed from it.
-    fn resume_point(&self, viewer: i64, after: Option<&str>) -> AppResult<Option<i64>> {
+    /// Where a resumed `feedItemAdded` starts: the article id and journal mark of `after`, a
+    /// cursor of the viewer's feed (from `feed` or an earlier item). `BAD_USER_INPUT` when it is
+    /// malformed; `RESYNC_REQUIRED` when it was not issued to the viewer (forged, or another
+    /// viewer's) or holds no mark, since nothing can be replayed from it.
+    fn resume_point(&self, viewer: i64, after: Option<&str>) -> AppResult<Option<(i64, Mark)>> {
         let Some(after) = after else {
             return Ok(None);
         };
-        let position = Cursor::decode::<i64>(FEED, after)?;
-        if position != self.position(viewer, position.id) {
+        let position = Cursor::decode::<FeedKey>(FEED, after)?;
+        if position != self.position(viewer, position.id, position.key.mark) {
             return Err(AppError::ResyncRequired(FOREIGN_CURSOR));
         }
-        Ok(Some(position.id))
+        let mark = position
+            .key
+            .mark
+            .ok_or(AppError::ResyncRequired(UNMARKED_CURSOR))?;
+        Ok(Some((position.id, mark)))
     }
 
     /// The items of `viewer`'s feed above `after`, oldest first, read as pages read them (the
     /// inbox, the celebrities' outboxes, SQL below the inbox's floor), so an inbox rebuilt or
-    /// trimmed since still replays exactly; `Unreachable` past the replay limit.
-    async fn since(&self, viewer: i64, after: i64) -> AppResult<Replay<articles::Model>> {
+    /// trimmed since still replays exactly; `None` past the replay limit.
+    async fn since(&self, viewer: i64, after: i64) -> AppResult<Option<Vec<articles::Model>>> {
         let limit = self.store.settings.replay_limit as usize;
         let mut below = i64::MAX;
         let mut rows: Vec<articles::Model> = Vec::new();
@@ -353,7 +458,7 @@ impl FeedService {
             let reached = newer.len() < candidates.ids.len() || candidates.exhausted;
             rows.extend(self.hydrate(viewer, &newer).await?);
             if rows.len() > limit {
-                return Ok(Replay::Unreachable);
+                return Ok(None);
             }
             match candidates.ids.last() {
                 Some(&last) if !reached => below = last,
@@ -361,14 +466,127 @@ impl FeedService {
             }
         }
         rows.reverse();
-        Ok(Replay::Events(rows))
+        Ok(Some(rows))
     }
 
-    /// Articles that join the viewer's feed, with their cursors: with `after` (a cursor of the
-    /// viewer's feed), first those above it, oldest first; then those fanned out to the viewer's
-    /// inbox and those of the celebrities the viewer follows, as they come, each once. Ends with
-    /// `RESYNC_REQUIRED` when the items since `after` cannot be replayed. Keeps the viewer marked
-    /// online (fan-out announces only to online users) for as long as the stream is held.
+    /// The articles delivered into `viewer`'s journal of `epoch` after `position`, oldest first,
+    /// with their positions, and the newest position; `None` when the journal is not of that
+    /// epoch, no longer reaches back to `position`, or holds more than the replay limit after it.
+    async fn journal_since(
+        &self,
+        viewer: i64,
+        epoch: i64,
+        position: i64,
+    ) -> AppResult<Option<(i64, Vec<(i64, i64)>)>> {
+        let keys = self.store.redis.keys.feed_user(viewer);
+        let mut conn = self.store.redis.conn.clone();
+        let reply: Vec<i64> = SCRIPTS
+            .journal_read
+            .key(keys.journal())
+            .arg(epoch)
+            .arg(position)
+            .arg(self.store.settings.replay_limit)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match reply[..] {
+            [1, head, ..] => Some((
+                head,
+                reply[2..]
+                    .chunks_exact(2)
+                    .map(|pair| (pair[0], pair[1]))
+                    .collect(),
+            )),
+            _ => None,
+        })
+    }
+
+    /// What a `feedItemAdded` of `viewer` missed since `position` of the journal of `epoch`:
+    /// with `page_above` (a resume from a page's cursor), first the feed's items above that id
+    /// that the journal does not list after `position` (the client's page did not hold them),
+    /// oldest first; then every article the journal lists after `position`, in its order.
+    async fn replay(
+        &self,
+        viewer: i64,
+        epoch: i64,
+        position: i64,
+        page_above: Option<i64>,
+    ) -> AppResult<Replay<FeedEvent>> {
+        let above = match page_above {
+            Some(id) => match self.since(viewer, id).await? {
+                Some(rows) => rows,
+                None => return Ok(Replay::Unreachable),
+            },
+            None => Vec::new(),
+        };
+        // Read after the page's part: what was delivered while that was read is listed here.
+        let Some((through, entries)) = self.journal_since(viewer, epoch, position).await? else {
+            return Ok(Replay::Unreachable);
+        };
+        let ids: Vec<i64> = entries.iter().map(|&(id, _)| id).collect();
+        let listed: HashSet<i64> = ids.iter().copied().collect();
+        let mut rows: HashMap<i64, articles::Model> = self
+            .hydrate(viewer, &ids)
+            .await?
+            .into_iter()
+            .map(|row| (row.id, row))
+            .collect();
+        let page_mark = Mark {
+            epoch,
+            position,
+            page: true,
+        };
+        let mut events: Vec<FeedEvent> = above
+            .into_iter()
+            .filter(|row| !listed.contains(&row.id))
+            .map(|row| FeedEvent {
+                mark: page_mark,
+                row: Some(row),
+            })
+            .collect();
+        events.extend(entries.into_iter().map(|(id, position)| FeedEvent {
+            mark: Mark {
+                epoch,
+                position,
+                page: false,
+            },
+            row: rows.remove(&id),
+        }));
+        if events.len() > self.store.settings.replay_limit as usize {
+            return Ok(Replay::Unreachable);
+        }
+        Ok(Replay::Events { events, through })
+    }
+
+    /// Opens `viewer`'s journal beside their inbox (rebuilt first when missing: only an inbox
+    /// that exists gets fan-out writes, and announcements come from those).
+    async fn open_journal(&self, viewer: i64) -> AppResult<Journal> {
+        if let Some(inbox) = self.read_inbox(viewer, i64::MAX, 1).await? {
+            return Ok(inbox.journal);
+        }
+        self.rebuild(viewer).await?;
+        match self.read_inbox(viewer, i64::MAX, 1).await? {
+            Some(inbox) => Ok(inbox.journal),
+            None => Err(AppError::ResyncRequired(REBUILDING)),
+        }
+    }
+
+    /// The payload of an announcement on the viewer's channel: "epoch:position:id".
+    fn announced(payload: &[u8]) -> Option<(i64, i64, i64)> {
+        let text = std::str::from_utf8(payload).ok()?;
+        let mut parts = text.split(':');
+        let epoch = parts.next()?.parse().ok()?;
+        let position = parts.next()?.parse().ok()?;
+        let id = parts.next()?.parse().ok()?;
+        parts.next().is_none().then_some((epoch, position, id))
+    }
+
+    /// Articles that join the viewer's feed, with their cursors, in the order they were delivered
+    /// to it (its journal's): with `after` (a cursor of the viewer's feed), first those delivered
+    /// since that cursor was issued, then the new ones, each once. The celebrities' articles,
+    /// heard on their channels, are delivered to the viewer's inbox here, which gives them their
+    /// positions. Ends with `RESYNC_REQUIRED` when the items since `after` cannot be replayed.
+    /// Keeps the viewer marked online (fan-out announces only to online users) and their inbox
+    /// and journal alive for as long as the stream is held.
     pub async fn live(
         &self,
         actor: &Actor,
@@ -376,56 +594,95 @@ impl FeedService {
     ) -> AppResult<impl Stream<Item = AppResult<(Cursor, articles::Model)>> + use<>> {
         let viewer = actor.require_user()?;
         let after = self.resume_point(viewer, after)?;
-        // Only an inbox that exists gets fan-out writes, and announcements come from those.
-        if self.read_inbox(viewer, i64::MAX, 1).await?.is_none() {
-            self.rebuild(viewer).await?;
-        }
+        let journal = self.open_journal(viewer).await?;
+        let epoch = journal.epoch;
+        let (start, mut page_above) = match after {
+            None => (journal.head, None),
+            Some((_, mark)) if mark.epoch != epoch => {
+                return Err(AppError::ResyncRequired(JOURNAL_RENEWED));
+            }
+            Some((id, mark)) => (mark.position, mark.page.then_some(id)),
+        };
         let keys = &self.store.redis.keys;
-        let celebrities = self.store.followed_celebrities(viewer).await?;
-        let mut channels = vec![keys.feed_channel(viewer)];
-        channels.extend(
-            celebrities
-                .iter()
-                .map(|&author| keys.feed_author_channel(author)),
-        );
-        let subscriptions: Vec<_> = channels
+        let own = self.hub.subscribe(keys.feed_channel(viewer));
+        let celebrities: Vec<_> = self
+            .store
+            .followed_celebrities(viewer)
+            .await?
             .into_iter()
-            .map(|channel| self.hub.subscribe(channel))
+            .map(|author| (author, self.hub.subscribe(keys.feed_author_channel(author))))
             .collect();
-        let confirmations = Confirmations::new(
-            subscriptions
-                .iter()
-                .map(|subscription| subscription.confirmations())
-                .collect(),
-        );
-        let messages = futures_util::stream::select_all(subscriptions);
-        let presence = Presence::start(self.store.clone(), viewer).await?;
+        let mut confirmations = vec![own.confirmations()];
+        confirmations.extend(celebrities.iter().map(|(_, heard)| heard.confirmations()));
+        let mut heard = vec![own.map(Heard::Own).boxed()];
+        heard.extend(celebrities.into_iter().map(|(author, subscription)| {
+            subscription
+                .map(move |payload| Heard::Celebrity(author, payload))
+                .boxed()
+        }));
+        let presence = Presence::start(self.clone(), viewer).await?;
         let service = self.clone();
-        let arrivals = messages.filter_map(move |payload| {
+        let arrivals = futures_util::stream::select_all(heard).filter_map(move |heard| {
             let service = service.clone();
             let _held = &presence;
             async move {
-                let article: i64 = std::str::from_utf8(&payload).ok()?.parse().ok()?;
-                service.hydrate(viewer, &[article]).await.ok()?.pop()
+                match heard {
+                    Heard::Own(payload) => {
+                        let (of, position, article) = Self::announced(&payload)?;
+                        if of != epoch {
+                            return Some(Err(AppError::ResyncRequired(JOURNAL_RENEWED)));
+                        }
+                        let row = match service.hydrate(viewer, &[article]).await {
+                            Ok(mut rows) => rows.pop(),
+                            Err(err) => return Some(Err(err)),
+                        };
+                        let mark = Mark {
+                            epoch,
+                            position,
+                            page: false,
+                        };
+                        Some(Ok(FeedEvent { mark, row }))
+                    }
+                    Heard::Celebrity(author, payload) => {
+                        let article: i64 = std::str::from_utf8(&payload).ok()?.parse().ok()?;
+                        // Announced back on the viewer's channel, with its position, unless
+                        // another of the viewer's subscriptions delivered it first.
+                        let delivered = service
+                            .store
+                            .deliver(author, &[article], &[viewer], true)
+                            .await;
+                        if let Err(err) = delivered {
+                            tracing::warn!(error = %err, article, "cannot deliver a celebrity's article to a subscriber's inbox");
+                        }
+                        None
+                    }
+                }
             }
         });
         let history = self.clone();
         let resume = Resume {
-            after,
-            position: |row: &articles::Model| row.id,
+            after: Some(start),
+            position: |event: &FeedEvent| event.mark.position,
             replay: move |from| {
                 let history = history.clone();
-                async move { history.since(viewer, from).await }
+                let page_above = page_above.take();
+                async move { history.replay(viewer, epoch, from, page_above).await }
             },
             buffer: self.store.settings.replay_limit as usize,
             resync: || AppError::ResyncRequired(TOO_FAR_BEHIND),
         };
         let service = self.clone();
-        Ok(resumable(arrivals, confirmations, resume).map(move |item| {
-            item.map(|row| {
-                let cursor = Cursor::encode(FEED, &service.position(viewer, row.id));
-                (cursor, row)
-            })
+        let events = resumable(arrivals, Confirmations::new(confirmations), resume);
+        Ok(events.filter_map(move |event| {
+            let item = match event {
+                Ok(FeedEvent { mark, row }) => row.map(|row| {
+                    let cursor =
+                        Cursor::encode(FEED, &service.position(viewer, row.id, Some(mark)));
+                    Ok((cursor, row))
+                }),
+                Err(err) => Some(Err(err)),
+            };
+            std::future::ready(item)
         }))
     }
 }
@@ -433,8 +690,33 @@ impl FeedService {
 struct Inbox {
     /// The inbox holds every article of the fanned-out followees from here up.
     floor: i64,
+    /// The journal, read in the same step.
+    journal: Journal,
     /// Those below the cursor, at or above the floor, newest first.
     ids: Vec<i64>,
+}
+
+/// A viewer's journal as one read found it.
+#[derive(Clone, Copy, Debug)]
+struct Journal {
+    epoch: i64,
+    /// The newest position: every article delivered before the read has one up to it.
+    head: i64,
+}
+
+/// One item of a resumed `feedItemAdded`, with where it stands; `row` is none for an article the
+/// viewer no longer sees (its author unfollowed, or it was deleted), whose position still counts.
+struct FeedEvent {
+    mark: Mark,
+    row: Option<articles::Model>,
+}
+
+/// What a `feedItemAdded` hears.
+enum Heard {
+    /// "epoch:position:id" on the viewer's channel.
+    Own(Arc<[u8]>),
+    /// An article id on a followed celebrity's channel.
+    Celebrity(i64, Arc<[u8]>),
 }
 
 /// Keeps a user's online marker alive until dropped (with the subscription that holds it).
@@ -444,10 +726,11 @@ struct Presence {
 
 impl Presence {
     /// Marks `user` online before returning, so that every item fanned out from then on is
-    /// announced (a resumed stream reads its history after this), and keeps the marker alive.
-    async fn start(store: FeedStore, user: i64) -> AppResult<Self> {
-        let key = store.redis.keys.feed_user(user).online();
-        mark_online(&store, &key).await?;
+    /// announced (a resumed stream reads its history after this), and keeps the marker alive, and
+    /// the inbox and journal with it: a subscriber is an active reader even when it reads no page.
+    async fn start(service: FeedService, user: i64) -> AppResult<Self> {
+        let key = service.store.redis.keys.feed_user(user).online();
+        mark_online(&service.store, &key).await?;
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
@@ -456,8 +739,11 @@ impl Presence {
                     _ = tokio::time::sleep(ONLINE_TTL / 3) => {}
                     _ = stopped.cancelled() => break,
                 }
-                if let Err(err) = mark_online(&store, &key).await {
+                if let Err(err) = mark_online(&service.store, &key).await {
                     tracing::warn!(error = %err, "cannot renew a feed subscriber's online marker");
+                }
+                if let Err(err) = service.read_inbox(user, i64::MAX, 1).await {
+                    tracing::warn!(error = %err, "cannot renew a feed subscriber's inbox");
                 }
             }
         });

@@ -497,6 +497,7 @@ impl FeedStore {
                 invocation
                     .key(self.redis.keys.feed_audience(author, shard))
                     .arg(self.settings.cap)
+                    .arg(self.settings.replay_limit)
                     .arg(articles.len());
                 for &article in articles {
                     invocation.arg(article);
@@ -506,7 +507,8 @@ impl FeedStore {
                     invocation
                         .key(keys.inbox())
                         .key(keys.inbox_building())
-                        .key(keys.online());
+                        .key(keys.online())
+                        .key(keys.journal());
                     let channel = if announce {
                         self.redis.keys.feed_channel(follower)
                     } else {

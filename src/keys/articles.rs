@@ -6,6 +6,12 @@ pub trait ArticleKeys {
     /// Pub/sub channel announcing newly published articles.
     fn articles_published_channel(&self) -> String;
 
+    /// Sorted set article id → position: publications in the order they were announced, 1, 2,
+    /// 3…, the newest `PULSE_REPLAY_LIMIT` kept, plus the member `epoch` scored -epoch, which names
+    /// this run of positions. What a resumed `articlePublished` replays (see
+    /// `lua/article_announce.lua`).
+    fn articles_journal(&self) -> String;
+
     /// The pub/sub channels told whenever one of an article's counters moves: its view shard's
     /// (views) and its like shard's (likes and comments). The scripts that count views and likes
     /// each announce in their own slot, so on a cluster a change is carried by that slot's node
@@ -16,6 +22,10 @@ pub trait ArticleKeys {
 impl ArticleKeys for Keys {
     fn articles_published_channel(&self) -> String {
         format!("{}events:articles:published", self.prefix())
+    }
+
+    fn articles_journal(&self) -> String {
+        format!("{}articles:journal", self.prefix())
     }
 
     fn article_stats_channels(&self, article: i64) -> Vec<String> {
@@ -34,6 +44,7 @@ mod tests {
     fn channels_carry_the_prefix() {
         let keys = Keys::new("t1:");
         assert!(keys.articles_published_channel().starts_with("t1:"));
+        assert!(keys.articles_journal().starts_with("t1:"));
         let channels = keys.article_stats_channels(4);
         assert_eq!(channels.len(), 2);
         assert!(channels.iter().all(|channel| channel.starts_with("t1:")));

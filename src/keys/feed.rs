@@ -139,6 +139,14 @@ impl FeedUserKeys<'_> {
     pub fn online(&self) -> String {
         self.key("online")
     }
+
+    /// Sorted set article id → position: the order in which articles were delivered into the
+    /// user's inbox, 1, 2, 3…, the newest `PULSE_REPLAY_LIMIT` kept, plus the member `epoch` scored
+    /// -epoch, which names this run of positions. What a resumed `feedItemAdded` replays; opened
+    /// beside the inbox and expiring with it (see `lua/feed_read.lua`).
+    pub fn journal(&self) -> String {
+        self.key("journal")
+    }
 }
 
 #[cfg(test)]
@@ -156,6 +164,7 @@ mod tests {
             user.outbox(),
             user.outbox_loaded(),
             user.online(),
+            user.journal(),
         ] {
             assert!(key.starts_with("p:feed:"), "{key} lacks the prefix");
             assert_eq!(key.matches('{').count(), 1, "{key} has more than one tag");

@@ -2,9 +2,16 @@
 //! client missed while away, then go on live with no gap and no duplicate, or end with
 //! `RESYNC_REQUIRED` when they cannot.
 
-use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::time::Duration;
 
-use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, user_id, users};
+use pulse::keys::{ArticleKeys, FeedKeys};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::feed::{
+    bulk_follow, feed_page, feed_response, in_inbox, publish, token, user_id, users, whole_feed,
+};
 use crate::helpers::{TestApp, article_row, error_code, eventually};
 use crate::subscriptions::{Socket, next_message, subscribed_as};
 
@@ -209,4 +216,366 @@ async fn an_article_subscriber_back_after_missing_50_gets_exactly_those_in_order
 
     let mut socket = published(&app, reader, Some("bm90IGFuIGlk"), None).await;
     ends_with(&mut socket, "BAD_USER_INPUT").await;
+}
+
+/// How long a churning subscriber waits for its next item before it reconnects anyway.
+const IDLE: Duration = Duration::from_secs(2);
+
+/// What one churning feed subscriber ended with.
+struct Churned {
+    user: i64,
+    /// Every item the subscription sent, in the order it came, across every reconnection.
+    received: Vec<i64>,
+    /// Items read back through `feed` after a resync.
+    reread: HashSet<i64>,
+    resyncs: usize,
+    connections: usize,
+}
+
+/// The next message on `socket` before `deadline`; `None` at the deadline or when the server
+/// closed the socket.
+async fn message_before(socket: &mut Socket, deadline: Instant) -> Option<Value> {
+    tokio::time::timeout_at(deadline, next_message(socket))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The feed's newest cursor and every item in it, paging 100 at a time: what a client re-reads
+/// after a resync. The cursor comes from the first page, read before the others.
+async fn reread_feed(app: &TestApp, token: &str) -> (String, HashSet<i64>) {
+    let first = feed_response(app, Some(token), 1, None).await;
+    let newest = first["data"]["feed"]["edges"][0]["cursor"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_owned();
+    let everything = whole_feed(app, token, 100).await;
+    (newest, everything.into_iter().collect())
+}
+
+/// `user`'s `feedItemAdded` from `cursor`, dropped after a random number of items and resumed from
+/// the last cursor it got, until it holds `wanted` items besides `seed`; after a resync, re-reads `feed`
+/// and resumes from its newest cursor.
+async fn churn(
+    app: &TestApp,
+    user: i64,
+    mut cursor: String,
+    seed: i64,
+    wanted: usize,
+    progress: &Progress,
+) -> Churned {
+    let token = token(app, user);
+    let mut run = Churned {
+        user,
+        received: Vec::new(),
+        reread: HashSet::new(),
+        resyncs: 0,
+        connections: 0,
+    };
+    let mut held: HashSet<i64> = HashSet::new();
+    while held.len() < wanted {
+        let mut socket = feed_items(app, user, Some(&cursor)).await;
+        run.connections += 1;
+        // Dropped after a random number of items, or at once, or when nothing comes for a while.
+        let stay: usize = rand::random_range(0..=150);
+        let mut deadline = Instant::now()
+            + match stay {
+                0 => Duration::from_millis(rand::random_range(0..20)),
+                _ => IDLE,
+            };
+        let mut got = 0;
+        while let Some(message) = message_before(&mut socket, deadline).await {
+            match message["type"].as_str() {
+                Some("next") if message["payload"]["data"].is_null() => {
+                    assert_eq!(
+                        error_code(&message["payload"]),
+                        "RESYNC_REQUIRED",
+                        "{message}"
+                    );
+                    run.resyncs += 1;
+                    let (newest, everything) = reread_feed(app, &token).await;
+                    cursor = newest;
+                    held.extend(everything.iter().filter(|&&id| id != seed));
+                    run.reread.extend(everything);
+                    break;
+                }
+                Some("next") => {
+                    let (id, next) = feed_item(&message);
+                    run.received.push(id);
+                    held.insert(id);
+                    cursor = next;
+                    got += 1;
+                    if got >= stay {
+                        break;
+                    }
+                    deadline = Instant::now() + IDLE;
+                }
+                _ => panic!("user {user}: unexpected {message}"),
+            }
+        }
+        drop(socket);
+        progress
+            .lock()
+            .unwrap()
+            .insert(user, (held.len(), run.connections, run.resyncs));
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..60))).await;
+    }
+    run
+}
+
+/// Each churning subscriber's items held, connections and resyncs so far: what a test that runs
+/// out of time reports.
+type Progress = std::sync::Mutex<std::collections::BTreeMap<i64, (usize, usize, usize)>>;
+
+/// The articles in `user`'s feed journal, in its order.
+async fn journal(app: &TestApp, user: i64) -> Vec<i64> {
+    let mut conn = app.state.redis.conn.clone();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(app.state.redis.keys.feed_user(user).journal())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    members
+        .into_iter()
+        .filter_map(|member| member.parse().ok())
+        .collect()
+}
+
+// The server and the hundred clients share the test's runtime: on one thread they would take turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_feed_subscribers_reconnecting_at_random_while_a_thousand_items_are_published_each_end_with_every_item_once_in_order()
+ {
+    const AUTHORS: usize = 4;
+    const READERS: usize = 100;
+    const ITEMS: usize = 1000;
+    // Readers whose journal is lost halfway, as if Redis had dropped it: they must be told to
+    // resync, re-read and still end with every item.
+    const LOST: usize = 5;
+    let app = TestApp::spawn_with(|config| {
+        config.replay_limit = 1100;
+        // The hundred clients read in one task, behind the server's replays: the disconnects
+        // are the test's own, not slow-consumer closes.
+        config.ws_send_budget = 64 << 20;
+    })
+    .await;
+    let people = users(&app, "churn", AUTHORS + READERS).await;
+    let (authors, readers) = people.split_at(AUTHORS);
+    for &author in authors {
+        bulk_follow(&app, readers, author).await;
+    }
+    // Active readers (an inbox, so fan-out reaches them), each with a cursor of a first item.
+    let tokens: Vec<String> = readers.iter().map(|&reader| token(&app, reader)).collect();
+    futures_util::future::join_all(tokens.iter().map(|token| feed_page(&app, token, 1, None)))
+        .await;
+    let seed = publish(&app, &token(&app, authors[0]), "seed").await;
+    let mut cursors = Vec::new();
+    for (&reader, token) in readers.iter().zip(&tokens) {
+        eventually("the seed reaches every inbox", async || {
+            in_inbox(&app, reader, seed).await
+        })
+        .await;
+        let page = feed_page(&app, token, 1, None).await;
+        assert_eq!(page.ids, vec![seed]);
+        cursors.push(page.end_cursor.unwrap());
+    }
+
+    let started = Instant::now();
+    let app = &app;
+    let progress = Progress::default();
+    let sent = std::sync::atomic::AtomicUsize::new(0);
+    let published = async {
+        let halfway = tokio::sync::Barrier::new(AUTHORS);
+        let each = futures_util::future::join_all(authors.iter().map(|&author| {
+            let (token, halfway, sent) = (token(app, author), &halfway, &sent);
+            async move {
+                let mut ids = Vec::new();
+                for i in 0..ITEMS / AUTHORS {
+                    if i == ITEMS / AUTHORS / 2 && halfway.wait().await.is_leader() {
+                        let mut conn = app.state.redis.conn.clone();
+                        for &reader in &readers[..LOST] {
+                            let journal = app.state.redis.keys.feed_user(reader).journal();
+                            let () = redis::cmd("DEL")
+                                .arg(journal)
+                                .query_async(&mut conn)
+                                .await
+                                .unwrap();
+                        }
+                    }
+                    ids.push(publish(app, &token, &format!("churn {i}")).await);
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                ids
+            }
+        }))
+        .await;
+        each.concat()
+    };
+    let churned = futures_util::future::join_all(
+        readers
+            .iter()
+            .zip(cursors)
+            .map(|(&reader, cursor)| churn(app, reader, cursor, seed, ITEMS, &progress)),
+    );
+    let (published, churned) = tokio::time::timeout(
+        Duration::from_secs(300),
+        futures_util::future::join(published, churned),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "not every subscriber got every item within 300 s ({} published): {:?}",
+            sent.load(std::sync::atomic::Ordering::Relaxed),
+            progress.lock().unwrap()
+        )
+    });
+    let elapsed = started.elapsed();
+
+    let everything: HashSet<i64> = published.iter().copied().collect();
+    assert_eq!(everything.len(), ITEMS);
+    let connections: usize = churned.iter().map(|run| run.connections).sum();
+    for run in &churned {
+        let user = run.user;
+        let mut once = HashSet::new();
+        let twice: Vec<i64> = run
+            .received
+            .iter()
+            .copied()
+            .filter(|&id| !once.insert(id))
+            .collect();
+        assert!(twice.is_empty(), "user {user} got {twice:?} twice");
+        let lost = readers[..LOST].contains(&user);
+        if lost {
+            assert!(run.resyncs > 0, "user {user} lost its journal, never told");
+        } else {
+            assert_eq!(run.resyncs, 0, "user {user} resynced within its history");
+            // The order the items joined this reader's feed in, which its journal recorded.
+            let recorded: Vec<i64> = journal(app, user)
+                .await
+                .into_iter()
+                .filter(|&id| id != seed)
+                .collect();
+            assert_eq!(
+                run.received, recorded,
+                "user {user}: not in the feed's order"
+            );
+        }
+        let union: HashSet<i64> = once
+            .union(&run.reread)
+            .copied()
+            .filter(|&id| id != seed)
+            .collect();
+        assert_eq!(
+            union.len(),
+            ITEMS,
+            "user {user} ends with {} of {ITEMS} items ({} received, {} re-read, {} resyncs)",
+            union.len(),
+            run.received.len(),
+            run.reread.len(),
+            run.resyncs
+        );
+        assert_eq!(union, everything, "user {user} holds items not published");
+    }
+    eprintln!(
+        "{READERS} subscribers, {ITEMS} items, {connections} connections, {:.1} s",
+        elapsed.as_secs_f64()
+    );
+}
+
+/// `user`'s `articlePublished` after `last` (an article's global id), dropped after a random number
+/// of articles and resumed after the last one it got, until it got `wanted`; every article it got, in
+/// order.
+async fn churn_articles(app: &TestApp, user: i64, mut last: String, wanted: usize) -> Vec<String> {
+    let mut received = Vec::new();
+    while received.len() < wanted {
+        let mut socket = published(app, user, Some(&last), None).await;
+        let stay: usize = rand::random_range(0..=30);
+        let mut deadline = Instant::now()
+            + match stay {
+                0 => Duration::from_millis(rand::random_range(0..20)),
+                _ => IDLE,
+            };
+        let mut got = 0;
+        while let Some(message) = message_before(&mut socket, deadline).await {
+            let id = published_id(&message);
+            received.push(id.clone());
+            last = id;
+            got += 1;
+            if got >= stay {
+                break;
+            }
+            deadline = Instant::now() + IDLE;
+        }
+        drop(socket);
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..40))).await;
+    }
+    received
+}
+
+#[tokio::test]
+async fn article_subscribers_reconnecting_at_random_while_eight_authors_publish_at_once_each_end_with_every_article_once_in_announced_order()
+ {
+    const AUTHORS: usize = 8;
+    const EACH: usize = 40;
+    const READERS: usize = 10;
+    let app = TestApp::spawn_with(|config| config.replay_limit = 1000).await;
+    let people = users(&app, "announced", AUTHORS + READERS).await;
+    let (authors, readers) = people.split_at(AUTHORS);
+    let seed = app.publish(&token(&app, authors[0]), "seed").await;
+    let app = &app;
+    // Concurrent publishes commit, and are announced, in an order of their own: ids alone could
+    // not say what a reader holds.
+    let published = futures_util::future::join_all(authors.iter().map(|&author| async move {
+        let token = token(app, author);
+        let mut ids = Vec::new();
+        for i in 0..EACH {
+            ids.push(app.publish(&token, &format!("at once {i}")).await);
+        }
+        ids
+    }));
+    let churned = futures_util::future::join_all(
+        readers
+            .iter()
+            .map(|&reader| churn_articles(app, reader, seed.clone(), AUTHORS * EACH)),
+    );
+    let (published, churned) = tokio::time::timeout(
+        Duration::from_secs(60),
+        futures_util::future::join(published, churned),
+    )
+    .await
+    .expect("every subscriber got every article within 60 s");
+
+    let everything: HashSet<String> = published.concat().into_iter().collect();
+    assert_eq!(everything.len(), AUTHORS * EACH);
+    let mut conn = app.state.redis.conn.clone();
+    let journaled: Vec<String> = redis::cmd("ZRANGE")
+        .arg(app.state.redis.keys.articles_journal())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let announced: Vec<i64> = journaled
+        .iter()
+        .filter_map(|member| member.parse().ok())
+        .filter(|&id| id != article_row(&seed))
+        .collect();
+    for (reader, received) in readers.iter().zip(&churned) {
+        let rows: Vec<i64> = received.iter().map(|id| article_row(id)).collect();
+        assert_eq!(
+            rows.iter().collect::<HashSet<_>>().len(),
+            rows.len(),
+            "reader {reader} got an article twice"
+        );
+        assert_eq!(
+            received.iter().cloned().collect::<HashSet<_>>(),
+            everything,
+            "reader {reader} does not hold every article"
+        );
+        assert_eq!(
+            rows, announced,
+            "reader {reader}: not in the announced order"
+        );
+    }
 }

@@ -1,17 +1,31 @@
 //! Resumable event streams: a live source of events joined to a history that replays what a client
 //! missed since a position it holds, with no gap and no duplicate where the two meet.
 //!
-//! Every event has a position (an integer that grows with the stream, such as an id minted in
-//! publication order). The live source is subscribed first and its subscription confirmed by Redis
-//! before the history is read, so an event is in the history read, or heard live, or both: events
-//! heard while the replay is read are buffered, and those the replay carried are dropped by
-//! position. Each time the live source is confirmed again (its pub/sub connection was lost and
-//! re-established, and whatever was published meanwhile is gone), the stream catches up the same
-//! way from the last position it sent. Where the history cannot reach back to the position (or
-//! more events were missed than one replay may carry), the stream sends one resync error and ends,
-//! so a client learns that it must re-read instead of living with a silent gap.
+//! Every event has a position, an integer, and the live source delivers events in the order of
+//! their positions: the order in which they were recorded in the history, which is not always the
+//! order of ids (ids are minted when a row is inserted but commit, and are announced, in another
+//! order; fan-out from different authors runs concurrently). So a position is a sequence number
+//! given by the history at the moment it records an event (the feed's journal, the journal of
+//! published articles), in the same atomic step that announces it. The guarantee, for a client
+//! holding position `p`: it receives every event recorded after `p`, each once, in the order
+//! recorded, and a position of an event it receives stands for everything up to it.
+//!
+//! The live source is subscribed first and its subscription confirmed by Redis before the history
+//! is read, so an event is in the history read, or heard live, or both. A replay says which
+//! position it brings the stream to (the history's newest when it was read); events heard live at
+//! or before it are dropped as replayed, and so is any live event at or before the last position
+//! sent. Positions are consecutive (1, 2, 3…; a source that filters, say by author, passes the
+//! events it filters out on as positions without content, and its caller drops them after the
+//! join): a live event past the next position means events were lost on the way (a listener that
+//! lags behind its channel skips messages), and the stream catches up from the history. Each time
+//! the live source is confirmed again (its pub/sub connection was lost and re-established, and
+//! whatever was published meanwhile is gone), the stream catches up the same way from the last
+//! position it sent. Where the history cannot reach back to the position (it was trimmed past it,
+//! or recreated under a new epoch, or more events follow than one replay may carry), the stream
+//! sends one resync error and ends, so a client learns that it must re-read instead of living with
+//! a silent gap; a live source that finds its history recreated under it ends the stream the same
+//! way, with an error item.
 
-use std::collections::HashSet;
 use std::future::Future;
 
 use futures_util::{Stream, StreamExt as _};
@@ -21,8 +35,9 @@ use crate::error::{AppError, AppResult};
 
 /// What a history holds after a position.
 pub enum Replay<T> {
-    /// Every event after the position, oldest first.
-    Events(Vec<T>),
+    /// Every event after the position, oldest first, and the position the history had reached
+    /// when read (at least that of every event replayed): live events up to it were replayed.
+    Events { events: Vec<T>, through: i64 },
     /// The history no longer reaches back to the position, or more events follow it than one
     /// replay carries.
     Unreachable,
@@ -69,8 +84,28 @@ impl Confirmations {
 
 /// What the live side of a stream did next.
 enum Step<T> {
-    Event(Option<T>),
+    Event(Option<AppResult<T>>),
     Reconfirmed,
+}
+
+/// Where a live event stands against the last position sent.
+enum Next {
+    /// At or before it: replayed, or heard twice.
+    Replayed,
+    /// Right after it (or nothing was sent yet, so nothing can be missing before it).
+    Successor,
+    /// Past the next position: events in between were lost on the way (a listener that lagged
+    /// skips messages), so the stream catches up from the history.
+    Gap,
+}
+
+fn next(sent: Option<i64>, position: i64) -> Next {
+    match sent {
+        None => Next::Successor,
+        Some(sent) if position <= sent => Next::Replayed,
+        Some(sent) if position == sent + 1 => Next::Successor,
+        Some(_) => Next::Gap,
+    }
 }
 
 /// How a resumable stream reads its history and words its resync.
@@ -87,9 +122,10 @@ pub struct Resume<T, R> {
     pub resync: fn() -> AppError,
 }
 
-/// `live` (already subscribed, its channels' `confirmations` given) resumed after `resume.after`:
-/// the replay of what was missed, then live events, each once, in the order of the replay and
-/// then of arrival. Ends after an error (the history could not be read, or a resync).
+/// `live` (already subscribed, its channels' `confirmations` given; an error item ends the
+/// stream) resumed after `resume.after`: the replay of what was missed, then live events past it,
+/// each once, in the order of their positions. Ends after an error (the history could not be
+/// read, a resync, or the live source's error).
 pub fn resumable<T, L, R, F>(
     live: L,
     mut confirmations: Confirmations,
@@ -97,7 +133,7 @@ pub fn resumable<T, L, R, F>(
 ) -> impl Stream<Item = AppResult<T>> + Send + use<T, L, R, F>
 where
     T: Send + 'static,
-    L: Stream<Item = T> + Send + 'static,
+    L: Stream<Item = AppResult<T>> + Send + 'static,
     R: FnMut(i64) -> F + Send + 'static,
     F: Future<Output = AppResult<Replay<T>>> + Send,
 {
@@ -110,10 +146,8 @@ where
     } = resume;
     async_stream::stream! {
         let mut live = Box::pin(live);
-        // The last position sent, from which a catch-up replays.
+        // The last position sent (or replayed through), from which a catch-up replays.
         let mut sent = after;
-        // Positions the last replay carried: their live announcements may still be on the way.
-        let mut replayed: HashSet<i64> = HashSet::new();
         if !confirmations.all_confirmed().await {
             return;
         }
@@ -134,8 +168,8 @@ where
                         }
                     }
                 };
-                let events = match outcome {
-                    Some(Ok(Replay::Events(events))) => events,
+                let (events, through) = match outcome {
+                    Some(Ok(Replay::Events { events, through })) => (events, through),
                     Some(Ok(Replay::Unreachable)) | None => {
                         metrics::counter!("pulse_live_resyncs_total").increment(1);
                         yield Err(resync());
@@ -147,16 +181,32 @@ where
                     }
                 };
                 metrics::counter!("pulse_live_replayed_total").increment(events.len() as u64);
-                replayed = events.iter().map(position).collect();
                 for event in events {
-                    sent = sent.max(Some(position(&event)));
                     yield Ok(event);
                 }
+                sent = sent.max(Some(through));
                 for event in heard {
-                    if replayed.insert(position(&event)) {
-                        sent = sent.max(Some(position(&event)));
-                        yield Ok(event);
+                    let event = match event {
+                        Ok(event) => event,
+                        Err(err) => {
+                            yield Err(err);
+                            return;
+                        }
+                    };
+                    match next(sent, position(&event)) {
+                        Next::Replayed => {}
+                        Next::Successor => {
+                            sent = Some(position(&event));
+                            yield Ok(event);
+                        }
+                        Next::Gap => {
+                            catch_up = sent;
+                            break;
+                        }
                     }
+                }
+                if catch_up.is_some() {
+                    continue;
                 }
             }
             // Chosen here, acted on below: `yield` works outside of other macros only.
@@ -166,16 +216,143 @@ where
             };
             match step {
                 Step::Event(None) => return,
-                Step::Event(Some(event)) => {
-                    if !replayed.contains(&position(&event)) {
-                        sent = sent.max(Some(position(&event)));
+                Step::Event(Some(Err(err))) => {
+                    yield Err(err);
+                    return;
+                }
+                Step::Event(Some(Ok(event))) => match next(sent, position(&event)) {
+                    Next::Replayed => {}
+                    Next::Successor => {
+                        sent = Some(position(&event));
                         yield Ok(event);
                     }
-                }
+                    // The history has the ones skipped, and this one after them.
+                    Next::Gap => catch_up = sent,
+                },
                 // Before anything was sent there is no position to catch up from: the client
                 // holds nothing it could miss a successor of.
                 Step::Reconfirmed => catch_up = sent,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::time::Duration;
+
+    use futures_util::StreamExt as _;
+    use tokio::sync::{mpsc, watch};
+
+    use super::*;
+
+    /// Events are their positions. The history holds 1..=`recorded`, and none past it once
+    /// `recorded` is negative (trimmed).
+    struct Source {
+        recorded: Arc<AtomicI64>,
+        live: mpsc::UnboundedSender<AppResult<i64>>,
+        confirmed: watch::Sender<u64>,
+    }
+
+    fn resumed(after: i64) -> (Source, impl Stream<Item = AppResult<i64>>) {
+        let recorded = Arc::new(AtomicI64::new(0));
+        let (live, heard) = mpsc::unbounded_channel();
+        let heard = futures_util::stream::unfold(heard, |mut heard| async move {
+            heard.recv().await.map(|event| (event, heard))
+        });
+        let (confirmed, confirmations) = watch::channel(1);
+        let history = recorded.clone();
+        let resume = Resume {
+            after: Some(after),
+            position: |event: &i64| *event,
+            replay: move |from: i64| {
+                let head = history.load(Ordering::SeqCst);
+                async move {
+                    Ok(if head < 0 {
+                        Replay::Unreachable
+                    } else {
+                        Replay::Events {
+                            events: (from + 1..=head).collect(),
+                            through: head,
+                        }
+                    })
+                }
+            },
+            buffer: 100,
+            resync: || AppError::ResyncRequired("resync"),
+        };
+        let stream = resumable(heard, Confirmations::new(vec![confirmations]), resume);
+        let source = Source {
+            recorded,
+            live,
+            confirmed,
+        };
+        (source, stream)
+    }
+
+    async fn next(stream: &mut (impl Stream<Item = AppResult<i64>> + Unpin)) -> AppResult<i64> {
+        tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("an event within 5 s")
+            .expect("the stream goes on")
+    }
+
+    #[tokio::test]
+    async fn live_events_replayed_or_out_of_order_are_dropped_and_a_gap_or_a_reconnect_catches_up_from_the_history()
+     {
+        let (source, stream) = resumed(2);
+        let mut stream = Box::pin(stream);
+        source.recorded.store(4, Ordering::SeqCst);
+        assert_eq!(next(&mut stream).await.unwrap(), 3);
+        assert_eq!(next(&mut stream).await.unwrap(), 4);
+
+        // Heard again after the replay carried it, then the next one.
+        source.live.send(Ok(4)).unwrap();
+        source.recorded.store(5, Ordering::SeqCst);
+        source.live.send(Ok(5)).unwrap();
+        assert_eq!(next(&mut stream).await.unwrap(), 5);
+
+        // 6 was lost on the way: 7 is past the next position, and the history has both.
+        source.recorded.store(7, Ordering::SeqCst);
+        source.live.send(Ok(7)).unwrap();
+        assert_eq!(next(&mut stream).await.unwrap(), 6);
+        assert_eq!(next(&mut stream).await.unwrap(), 7);
+        source.live.send(Ok(6)).unwrap();
+        source.recorded.store(8, Ordering::SeqCst);
+        source.live.send(Ok(8)).unwrap();
+        assert_eq!(next(&mut stream).await.unwrap(), 8);
+
+        // Published while the pub/sub connection was down: never heard, caught up on its return.
+        source.recorded.store(9, Ordering::SeqCst);
+        source.confirmed.send(2).unwrap();
+        assert_eq!(next(&mut stream).await.unwrap(), 9);
+
+        // The history no longer reaches back: one resync, then the end.
+        source.recorded.store(-1, Ordering::SeqCst);
+        source.live.send(Ok(11)).unwrap();
+        assert!(matches!(
+            next(&mut stream).await,
+            Err(AppError::ResyncRequired("resync"))
+        ));
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_error_from_the_live_source_ends_the_stream_after_it() {
+        let (source, stream) = resumed(0);
+        let mut stream = Box::pin(stream);
+        source.recorded.store(1, Ordering::SeqCst);
+        assert_eq!(next(&mut stream).await.unwrap(), 1);
+        source
+            .live
+            .send(Err(AppError::ResyncRequired("renewed")))
+            .unwrap();
+        assert!(matches!(
+            next(&mut stream).await,
+            Err(AppError::ResyncRequired("renewed"))
+        ));
+        assert!(stream.next().await.is_none());
     }
 }
