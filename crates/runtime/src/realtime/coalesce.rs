@@ -29,7 +29,7 @@
 //!
 //! ```text
 //! let stats = Coalescer::new(CoalescerConfig { kind: "article_stats", tick, sharding: Sharding::Broadcast, hub, tasks, shutdown },
-//!     move |article: &i64| vec![keys.article_stats_channel(*article)],
+//!     move |article: &i64| keys.article_stats_channels(*article),
 //!     move |article: i64| { let service = service.clone(); async move { service.stats_snapshot(article).await }.boxed() });
 //! let stream = stats.subscribe(article_id); // Stream<Item = Arc<Snapshot<Stats>>>
 //! ```
