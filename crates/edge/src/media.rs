@@ -70,9 +70,12 @@ pub enum Accepted {
     Nothing,
 }
 
-/// The client's preferred type by quality; on a tie a stream (SSE, then multipart: only clients
-/// that can read one name it), the spec's type, then JSON, then HTML (only where `html` says the
-/// endpoint has a page to show). No `Accept` header, `*/*` or `application/*` mean
+/// The client's preferred type by quality. On a tie between a stream and a JSON type, the one the
+/// client lists first: general clients (urql, GraphiQL) list the streams after JSON as a fallback
+/// they can also read, and expect JSON for a query, while a client that opens subscriptions over
+/// HTTP lists its stream first (Apollo) or alone (graphql-sse). Other ties go to a stream (SSE,
+/// then multipart), the spec's type, then JSON, then HTML (only where `html` says the endpoint has
+/// a page to show). No `Accept` header, `*/*` or `application/*` mean
 /// `application/json`, as the spec asks while clients move over. `multipart/mixed` counts only
 /// with `subscriptionSpec=1.0`: with `deferSpec` alone it asks for incremental delivery, which
 /// this endpoint does not do.
@@ -84,6 +87,8 @@ pub fn negotiate(headers: &HeaderMap, html: bool) -> Accepted {
         return Accepted::Graphql(MediaType::Json);
     };
     let mut best: Option<(f32, u8, Accepted)> = None;
+    let is_stream =
+        |accepted: &Accepted| matches!(accepted, Accepted::EventStream | Accepted::Multipart);
     for range in accept.split(',') {
         let mut parts = range.split(';');
         let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
@@ -112,9 +117,15 @@ pub fn negotiate(headers: &HeaderMap, html: bool) -> Accepted {
             "text/html" if html => (0, Accepted::Html),
             _ => continue,
         };
-        let better = best
-            .as_ref()
-            .is_none_or(|(q, r, _)| (quality, rank) > (*q, *r));
+        let better = best.as_ref().is_none_or(|(q, r, earlier)| {
+            if quality != *q {
+                quality > *q
+            } else if is_stream(&accepted) != is_stream(earlier) {
+                false
+            } else {
+                rank > *r
+            }
+        });
         if better {
             best = Some((quality, rank, accepted));
         }
@@ -341,5 +352,26 @@ mod tests {
             Graphql(MediaType::Json)
         );
         assert_eq!(accepting(Some("*/*"), false), Graphql(MediaType::Json));
+    }
+
+    #[test]
+    fn a_client_listing_json_before_the_streams_gets_json() {
+        use Accepted::*;
+        // urql's default: streams as a fallback it can read, after JSON.
+        let urql = "application/graphql-response+json, application/graphql+json, application/json, text/event-stream, multipart/mixed;subscriptionSpec=1.0";
+        assert_eq!(
+            accepting(Some(urql), false),
+            Graphql(MediaType::GraphqlResponseJson)
+        );
+        let apollo_subscription = r#"multipart/mixed;boundary="graphql";subscriptionSpec=1.0,application/graphql-response+json,application/json;q=0.9"#;
+        assert_eq!(accepting(Some(apollo_subscription), false), Multipart);
+        assert_eq!(
+            accepting(Some("text/event-stream, application/json"), false),
+            EventStream
+        );
+        assert_eq!(
+            accepting(Some("application/json;q=0.5, text/event-stream"), false),
+            EventStream
+        );
     }
 }
