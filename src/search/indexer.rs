@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 
+use super::counts::Counts;
 use super::index::{Applied, ArticleDoc, Change, DocumentStore, Gap};
 use super::outbox;
 use crate::entities::articles;
@@ -26,6 +27,8 @@ use crate::entities::articles;
 const MAX_GAPS: usize = 10_000;
 /// Articles read per page while rebuilding.
 const REBUILD_PAGE: u64 = 2_000;
+/// Articles' counts read per page while loading them.
+const COUNTS_PAGE: u64 = 50_000;
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 #[derive(Clone, Copy, Debug)]
@@ -168,6 +171,9 @@ impl Indexer {
             }
             Some(applied) => applied,
         };
+        if self.store.wants_counts().await? {
+            self.load_counts().await?;
+        }
         let now = crate::db::now();
         let now_ms = millis(now);
         let watched: Vec<i64> = applied.gaps.iter().map(|gap| gap.id).collect();
@@ -225,6 +231,34 @@ impl Indexer {
             rebuilt: false,
             more,
         })
+    }
+
+    /// Hands the store every article's counts as SQL has them now: read after the store's
+    /// position, so no older than it, and the rows above the position then write the same
+    /// absolute values again.
+    async fn load_counts(&self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut counts = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = outbox::counts_after(&self.db, after, COUNTS_PAGE).await?;
+            let Some(&(last, _, _)) = page.last() else {
+                break;
+            };
+            after = last;
+            counts.extend(
+                page.into_iter()
+                    .map(|(id, views, likes)| (id, Counts { views, likes })),
+            );
+        }
+        let articles = counts.len();
+        self.store.load_counts(counts).await?;
+        tracing::info!(
+            articles,
+            seconds = started.elapsed().as_secs_f64(),
+            "search replica's counts loaded from SQL"
+        );
+        Ok(())
     }
 
     /// The writes that bring the documents of `articles` to SQL's values.
