@@ -48,7 +48,7 @@ pub struct IndexerSettings {
 pub struct Stepped {
     /// Outbox rows applied (gaps that showed up included).
     pub rows: usize,
-    /// Documents written or removed.
+    /// Articles brought up to date: documents written or removed, or counts alone.
     pub documents: usize,
     /// Whether the replica was rebuilt from SQL.
     pub rebuilt: bool,
