@@ -1016,3 +1016,24 @@ async fn an_index_of_an_older_schema_is_started_anew_and_rebuilt() {
     drop(index);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A restarted server's replica has no counts until it loads them from SQL: its first `VIEWS`
+/// search waits for them rather than ranking every article at zero (which would put the newest
+/// first here).
+#[tokio::test]
+async fn a_restarted_server_ranks_by_counts_from_its_first_search() {
+    let app = TestApp::spawn().await;
+    let config = app.config.clone();
+    let (token, _) = app.sign_up("ranked").await;
+    let older = publish(&app, &token, "ranked older", "x").await;
+    let newer = publish(&app, &token, "ranked newer", "x").await;
+    add_counts(&app.state.db, article_row(&newer), 5, 0).await;
+    caught_up(&app).await;
+    let db = app.state.db.clone();
+    app.stop().await.unwrap();
+    add_counts(&db, article_row(&older), 9, 0).await;
+    let restarted = TestApp::start(config).await;
+    let first = search(&restarted, json!({ "q": "ranked", "sort": "VIEWS" })).await;
+    assert_eq!(ids_of(&first), [older, newer]);
+    caught_up(&restarted).await;
+}
