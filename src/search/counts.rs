@@ -41,9 +41,9 @@ impl CountTable {
 
     /// A table with `changes` applied (`None`: the article is gone), sharing the untouched chunks
     /// with this one.
-    pub fn with(&self, changes: &HashMap<i64, Option<Counts>>) -> Self {
+    pub fn with(&self, changes: impl IntoIterator<Item = (i64, Option<Counts>)>) -> Self {
         let mut next = self.clone();
-        for (&id, counts) in changes {
+        for (id, counts) in changes {
             let (chunk, at) = slot(id);
             let chunk = next
                 .chunks
@@ -61,11 +61,11 @@ mod tests {
 
     #[test]
     fn a_new_table_shares_what_it_does_not_change_and_leaves_the_old_one_as_it_was() {
-        let old = CountTable::default().with(&HashMap::from([
+        let old = CountTable::default().with(HashMap::from([
             (1, Some(Counts { views: 5, likes: 1 })),
             (1_000, Some(Counts { views: 7, likes: 0 })),
         ]));
-        let new = old.with(&HashMap::from([
+        let new = old.with(HashMap::from([
             (1, Some(Counts { views: 6, likes: 1 })),
             (2, Some(Counts { views: 1, likes: 2 })),
         ]));
@@ -78,7 +78,7 @@ mod tests {
             &old.chunks[&slot(1_000).0],
             &new.chunks[&slot(1_000).0]
         ));
-        let gone = new.with(&HashMap::from([(1, None)]));
+        let gone = new.with([(1, None)]);
         assert_eq!(gone.get(1), Counts::default());
         assert_eq!(gone.get(-3), Counts::default());
     }

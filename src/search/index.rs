@@ -763,9 +763,9 @@ impl DocumentStore for EmbeddedIndex {
                 };
             }
             let counts = if staged.cleared {
-                CountTable::default().with(&staged.counts)
+                CountTable::default().with(staged.counts)
             } else {
-                this.current().counts.with(&staged.counts)
+                this.current().counts.with(staged.counts)
             };
             this.publish(counts)?;
             if staged.cleared {
@@ -796,11 +796,8 @@ impl DocumentStore for EmbeddedIndex {
         let this = self.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let _writing = this.writing();
-            let loaded: HashMap<i64, Option<Counts>> = counts
-                .into_iter()
-                .map(|(id, counts)| (id, Some(counts)))
-                .collect();
-            this.publish(CountTable::default().with(&loaded))?;
+            let loaded = counts.into_iter().map(|(id, counts)| (id, Some(counts)));
+            this.publish(CountTable::default().with(loaded))?;
             this.counts_ready.send_replace(true);
             Ok(())
         })
