@@ -159,7 +159,13 @@ impl Indexer {
     #[tracing::instrument(skip_all)]
     pub async fn step(&self) -> anyhow::Result<Stepped> {
         let state = outbox::state(&self.db).await?;
-        let applied = match self.store.applied().await? {
+        let applied = self.store.applied().await?;
+        // Before a rebuild too: until it commits, searches answer from the old documents, and
+        // rank them by these counts.
+        if applied.is_some() && self.store.wants_counts().await? {
+            self.load_counts().await?;
+        }
+        let applied = match applied {
             None => return self.rebuild(state.epoch, "new replica").await,
             Some(applied) if applied.epoch != state.epoch => {
                 return self.rebuild(state.epoch, "rebuild requested").await;
@@ -171,9 +177,6 @@ impl Indexer {
             }
             Some(applied) => applied,
         };
-        if self.store.wants_counts().await? {
-            self.load_counts().await?;
-        }
         let now = crate::db::now();
         let now_ms = millis(now);
         let watched: Vec<i64> = applied.gaps.iter().map(|gap| gap.id).collect();

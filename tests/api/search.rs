@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pulse::entities::{articles, search_outbox};
+use pulse::search::counts::Counts;
 use pulse::search::index::{
     Applied, ArticleDoc, Change, DocumentStore, EmbeddedIndex, Search, Sort,
 };
@@ -562,6 +563,12 @@ impl DocumentStore for DiesBeforeCommit {
     async fn abandon(&self) -> anyhow::Result<()> {
         Ok(())
     }
+    async fn wants_counts(&self) -> anyhow::Result<bool> {
+        self.0.wants_counts().await
+    }
+    async fn load_counts(&self, counts: Vec<(i64, Counts)>) -> anyhow::Result<()> {
+        self.0.load_counts(counts).await
+    }
 }
 
 #[test]
@@ -1036,4 +1043,39 @@ async fn a_restarted_server_ranks_by_counts_from_its_first_search() {
     let first = search(&restarted, json!({ "q": "ranked", "sort": "VIEWS" })).await;
     assert_eq!(ids_of(&first), [older, newer]);
     caught_up(&restarted).await;
+}
+
+/// A reopened replica that must rebuild (here `pulse rebuild search` ran while it was down) keeps
+/// answering from its old documents until the rebuild commits, ranked by counts it loads first.
+#[tokio::test]
+async fn a_replica_that_must_rebuild_ranks_its_old_documents_by_counts_until_the_rebuild_commits() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("rebuilding").await;
+    let older = article_row(&publish(&app, &token, "rebuilding older", "x").await);
+    let newer = article_row(&publish(&app, &token, "rebuilding newer", "x").await);
+    let dir = std::env::temp_dir().join(format!("pulse-search-epoch-{}", unique_suffix()));
+    {
+        let index = EmbeddedIndex::open(&dir).unwrap();
+        let indexer = Indexer::new(app.state.db.clone(), Arc::new(index), BY_HAND);
+        assert!(indexer.step().await.unwrap().rebuilt);
+    }
+    add_counts(&app.state.db, older, 7, 0).await;
+    app.state.services.search.request_rebuild().await.unwrap();
+    let index = EmbeddedIndex::open(&dir).unwrap();
+    let dying = Indexer::new(
+        app.state.db.clone(),
+        Arc::new(DiesBeforeCommit(index.clone())),
+        BY_HAND,
+    );
+    assert!(
+        dying.step().await.is_err(),
+        "the rebuild dies before its commit"
+    );
+    assert!(!index.wants_counts().await.unwrap());
+    assert_eq!(
+        ranked(&index, "rebuilding", Sort::Views),
+        [(older, 7), (newer, 0)]
+    );
+    drop((dying, index));
+    std::fs::remove_dir_all(&dir).ok();
 }
