@@ -13,8 +13,8 @@ use super::query::SearchQuery;
 use crate::error::{AppError, AppResult};
 use crate::pagination::{Page, PageRequest, Position, SortKey, Walk};
 
-/// How long a search by counts waits for a reopened replica to load them from SQL (about a
-/// second per million articles).
+/// How long a search by counts waits for a reopened replica to load them from SQL (one scan of
+/// three columns of `articles`).
 const COUNTS_WAIT: Duration = Duration::from_secs(10);
 
 /// A search cursor's key: the snapshot its walk reads (see `index::Snapshots`) and the sort key.
