@@ -14,7 +14,7 @@ use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::FeedKeys;
 use crate::pagination::{Cursor, Page, PageRequest, Position, SortKey, Walk};
-use crate::realtime::{Confirmations, Hub, Replay, Resume, resumable};
+use crate::realtime::{Confirmations, Hub, Replay, Resume, Sharding, resumable};
 use crate::scripts::SCRIPTS;
 
 /// The viewer's timeline, newest first. Positions are ([`FeedKey`], article id).
@@ -627,13 +627,18 @@ impl FeedService {
             Some((id, mark)) => (mark.position, mark.page.then_some(id)),
         };
         let keys = &self.store.redis.keys;
-        let own = self.hub.subscribe(keys.feed_channel(viewer));
+        let own = self
+            .hub
+            .subscribe_as(keys.feed_channel(viewer), Sharding::Sharded);
         let celebrities: Vec<_> = self
             .store
             .followed_celebrities(viewer)
             .await?
             .into_iter()
-            .map(|author| (author, self.hub.subscribe(keys.feed_author_channel(author))))
+            .map(|author| {
+                let channel = keys.feed_author_channel(author);
+                (author, self.hub.subscribe_as(channel, Sharding::Sharded))
+            })
             .collect();
         let mut confirmations = vec![own.confirmations()];
         confirmations.extend(celebrities.iter().map(|(_, heard)| heard.confirmations()));

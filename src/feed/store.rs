@@ -544,6 +544,7 @@ impl FeedStore {
                     .key(self.redis.keys.feed_audience(author, shard))
                     .arg(self.settings.cap)
                     .arg(self.settings.replay_limit)
+                    .arg(self.redis.target.sharded_publish())
                     .arg(articles.len());
                 for &article in articles {
                     invocation.arg(article);
