@@ -260,8 +260,10 @@ impl ArticlesSubscription {
     /// announced after it while the client was away, oldest first, then the new ones, each once.
     /// When those cannot be replayed (more than PULSE_REPLAY_LIMIT, or `after` is no longer in
     /// the journal of publications), or the live source lost articles it cannot replay, the
-    /// stream sends one error with `extensions.code` RESYNC_REQUIRED and ends: query `articles`
-    /// again and subscribe after its newest.
+    /// stream sends one error with `extensions.code` RESYNC_REQUIRED and ends: subscribe again
+    /// without `after`, then query `articles`, dropping by id what both bring (subscribing after
+    /// the newest of a fresh page would not do: an article announced before the journal was
+    /// started again is not in it, and resuming after it answers RESYNC_REQUIRED again).
     async fn article_published(
         &self,
         ctx: &Context<'_>,

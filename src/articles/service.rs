@@ -104,8 +104,8 @@ pub struct ArticleService {
 
 /// The resync of an `articlePublished` whose journal Redis lost, and started again, under it.
 const JOURNAL_RENEWED: &str = "the journal of publications was started again (the cache lost it), \
-     so what was published meanwhile cannot be replayed: query `articles` again and subscribe \
-     after its newest";
+     so what was published meanwhile cannot be replayed: subscribe again without `after`, then \
+     query `articles` and drop what the subscription also brings";
 
 /// An announcement on the articles' channel: "epoch:position:" and the article as JSON.
 fn announced(payload: &[u8]) -> anyhow::Result<(i64, i64, articles::Model)> {
@@ -123,7 +123,8 @@ fn announced(payload: &[u8]) -> anyhow::Result<(i64, i64, articles::Model)> {
 /// position the journal no longer holds.
 const TOO_FAR_BEHIND: &str = "more articles were published since this position than a resumed \
      subscription replays (PULSE_REPLAY_LIMIT), or it is older than the journal of publications \
-     holds: query `articles` again and subscribe after its newest";
+     holds: subscribe again without `after`, then query `articles` and drop what the \
+     subscription also brings";
 
 impl ArticleService {
     pub fn new(

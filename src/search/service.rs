@@ -131,8 +131,8 @@ impl SearchService {
             && !index.is_empty()
             && !index.counts_ready(COUNTS_WAIT).await
         {
-            return Err(AppError::Internal(
-                "this process's search replica is still loading its counts from SQL".into(),
+            return Err(AppError::Unavailable(
+                "this process's search replica is still loading its counts from SQL",
             ));
         }
         let page = request.page;

@@ -210,12 +210,56 @@ async fn an_article_subscriber_back_after_missing_50_gets_exactly_those_in_order
     let mut socket = published(&app, reader, Some(&first), None).await;
     let refused = ends_with(&mut socket, "RESYNC_REQUIRED").await;
     assert!(
-        refused.to_string().contains("query `articles` again"),
+        refused
+            .to_string()
+            .contains("subscribe again without `after`, then query `articles`"),
         "{refused}"
     );
 
     let mut socket = published(&app, reader, Some("bm90IGFuIGlk"), None).await;
     ends_with(&mut socket, "BAD_USER_INPUT").await;
+}
+
+#[tokio::test]
+async fn after_the_journal_of_publications_is_lost_subscribing_afresh_then_rereading_misses_nothing()
+ {
+    let app = TestApp::spawn().await;
+    let people = users(&app, "renewed", 2).await;
+    let (writer, reader) = (people[0], people[1]);
+    let writer_token = token(&app, writer);
+    let before = app.publish(&writer_token, "before").await;
+    let mut conn = app.state.redis.conn.clone();
+    let () = redis::cmd("DEL")
+        .arg(app.state.redis.keys.articles_journal())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The journal started again does not hold `before`: resuming after it cannot replay, however
+    // often the client tries, so the recovery must not be "re-read and resume after the newest".
+    for _ in 0..2 {
+        let mut socket = published(&app, reader, Some(&before), None).await;
+        ends_with(&mut socket, "RESYNC_REQUIRED").await;
+    }
+    // The documented recovery: subscribe without `after` first, then re-read `articles`.
+    let mut socket = published(&app, reader, None, None).await;
+    let page = app
+        .graphql(
+            "{ articles(first: 10) { edges { node { id } } } }",
+            json!({}),
+        )
+        .await;
+    let reread: Vec<&str> = page["data"]["articles"]["edges"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{page}"))
+        .iter()
+        .filter_map(|edge| edge["node"]["id"].as_str())
+        .collect();
+    assert!(reread.contains(&before.as_str()), "{page}");
+    let after = app.publish(&writer_token, "after").await;
+    assert_eq!(
+        published_id(&next_message(&mut socket).await.unwrap()),
+        after
+    );
 }
 
 /// How long a churning subscriber waits for its next item before it reconnects anyway.

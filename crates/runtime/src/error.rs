@@ -24,6 +24,10 @@ pub enum AppError {
     /// An event stream cannot resume from the client's position; the message says what to re-read.
     #[error("{0}")]
     ResyncRequired(&'static str),
+    /// Not ready to answer yet, for a reason of this process's own that passes by itself (a
+    /// replica still loading); the message says what, and the client retries.
+    #[error("{0}; retry shortly")]
+    Unavailable(&'static str),
     #[error("too many attempts; retry in {retry_after_seconds} s")]
     RateLimited { retry_after_seconds: u64 },
     #[error("database error: {0}")]
@@ -58,6 +62,7 @@ impl AppError {
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::ResyncRequired(_) => "RESYNC_REQUIRED",
+            Self::Unavailable(_) => "UNAVAILABLE",
             Self::Database(err) if crate::sql::transient(err).is_some() => "UNAVAILABLE",
             Self::Redis(err) if crate::redis::link::is_unreachable(err) => "UNAVAILABLE",
             Self::Database(_) | Self::Redis(_) | Self::Internal(_) => "INTERNAL",
