@@ -11,7 +11,7 @@ use std::time::Duration;
 use pulse::graphql::ids::NodeType;
 use serde_json::{Value, json};
 
-use crate::feed::{bulk_follow, feed_page, publish, token, users};
+use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
 use crate::helpers::{TestApp, article_row, error_code, eventually};
 use crate::votes::{admin, create_poll, row};
 use crate::votes_live::{listening, vote};
@@ -480,47 +480,109 @@ async fn shutting_the_server_down_ends_open_streams() {
     stopping.await.unwrap().unwrap();
 }
 
-#[tokio::test]
-async fn a_feed_stream_reopened_with_last_event_id_gets_exactly_what_it_missed_then_live_items() {
-    let app = TestApp::spawn().await;
-    let (author, reader, cursor) = reader_with_cursor(&app, "sse_resume").await;
-    let (author_token, reader_token) = (token(&app, author), token(&app, reader));
-    let open = async |last_event_id: Option<&str>| {
-        let mut request = app
-            .http
-            .post(app.url("/graphql/stream"))
-            .header("accept", "text/event-stream")
-            .bearer_auth(&reader_token)
-            .json(&json!({ "query": FEED_ITEMS, "variables": { "after": cursor } }));
-        if let Some(last_event_id) = last_event_id {
-            request = request.header("last-event-id", last_event_id);
-        }
-        Events::new(request.send().await.unwrap())
-    };
-    let mut feed = open(None).await;
-    let seen = publish(&app, &author_token, "seen").await;
-    let event = feed.next().await.unwrap();
-    assert_eq!(feed_item(&event.data), seen);
-    let last_id = event
+/// A distinct feed stream of `reader_token` running `query`, resumed after `last_event_id`.
+async fn feed_stream(
+    app: &TestApp,
+    reader_token: &str,
+    query: &str,
+    variables: Value,
+    last_event_id: Option<&str>,
+) -> Events {
+    let mut request = app
+        .http
+        .post(app.url("/graphql/stream"))
+        .header("accept", "text/event-stream")
+        .bearer_auth(reader_token)
+        .json(&json!({ "query": query, "variables": variables }));
+    if let Some(last_event_id) = last_event_id {
+        request = request.header("last-event-id", last_event_id);
+    }
+    Events::new(request.send().await.unwrap())
+}
+
+/// A feed item's event: its article row id and its SSE id, which must be its cursor.
+fn feed_event(event: Option<Event>) -> (i64, String) {
+    let event = event.expect("the stream goes on");
+    assert_eq!(event.name, "next", "{event:?}");
+    let id = event
         .id
         .expect("a feed item's event carries its cursor as its id");
     assert_eq!(
-        Some(last_id.as_str()),
+        Some(id.as_str()),
         event.data["data"]["feedItemAdded"]["cursor"].as_str()
     );
+    (feed_item(&event.data), id)
+}
+
+/// The stream's last result, an error coded `code`, then `complete` and the end.
+async fn ends_with(events: &mut Events, code: &str) {
+    let result = events.next_result().await;
+    assert!(result["data"].is_null(), "{result}");
+    assert_eq!(error_code(&result), code, "{result}");
+    assert_eq!(events.next().await.unwrap().name, "complete");
+    assert!(events.next().await.is_none(), "the stream ends");
+}
+
+#[tokio::test]
+async fn a_feed_stream_back_with_last_event_id_after_missing_50_items_gets_exactly_those_then_live_ones_and_past_its_history_a_resync()
+ {
+    // An inbox of 20: most of the 50 missed are replayed from SQL, below the inbox's floor.
+    let app = TestApp::spawn_with(|config| {
+        config.feed_cap = 20;
+        config.replay_limit = 60;
+    })
+    .await;
+    let (author, reader, cursor) = reader_with_cursor(&app, "sse_resume").await;
+    let (author_token, reader_token) = (token(&app, author), token(&app, reader));
+    let from_page = json!({ "after": cursor });
+    let mut feed = feed_stream(&app, &reader_token, FEED_ITEMS, from_page.clone(), None).await;
+    let seen = publish(&app, &author_token, "seen").await;
+    let (id, seen_id) = feed_event(feed.next().await);
+    assert_eq!(id, seen);
     drop(feed);
 
     let mut missed = Vec::new();
-    for i in 0..3 {
+    for i in 0..50 {
         missed.push(publish(&app, &author_token, &format!("missed {i}")).await);
     }
-    // Without Last-Event-ID the same request would replay "seen" as well.
-    let mut resumed = open(Some(&last_id)).await;
-    for expected in &missed {
-        assert_eq!(feed_item(&resumed.next_result().await), *expected);
+    eventually("the 50 reached the reader's inbox", async || {
+        in_inbox(&app, reader, missed[49]).await
+    })
+    .await;
+    // The request is sent again as it was, as an EventSource does: without Last-Event-ID it
+    // would replay "seen" as well.
+    let mut resumed = feed_stream(
+        &app,
+        &reader_token,
+        FEED_ITEMS,
+        from_page.clone(),
+        Some(&seen_id),
+    )
+    .await;
+    let mut replayed = Vec::new();
+    for _ in 0..50 {
+        replayed.push(feed_event(resumed.next().await).0);
     }
+    assert_eq!(replayed, missed);
     let live = publish(&app, &author_token, "live").await;
-    assert_eq!(feed_item(&resumed.next_result().await), live);
+    assert_eq!(
+        feed_event(resumed.next().await).0,
+        live,
+        "the first item after the replay is not the next one published"
+    );
+    drop(resumed);
+
+    let mut more = 0;
+    for i in 0..10 {
+        more = publish(&app, &author_token, &format!("more {i}")).await;
+    }
+    eventually("the 10 more reached the reader's inbox", async || {
+        in_inbox(&app, reader, more).await
+    })
+    .await;
+    // 61 items after "seen": more than a replay carries.
+    let mut past = feed_stream(&app, &reader_token, FEED_ITEMS, from_page, Some(&seen_id)).await;
+    ends_with(&mut past, "RESYNC_REQUIRED").await;
 }
 
 /// A series of the `/metrics` scrape, by its name and labels as written there.
