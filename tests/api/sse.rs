@@ -585,6 +585,44 @@ async fn a_feed_stream_back_with_last_event_id_after_missing_50_items_gets_exact
     ends_with(&mut past, "RESYNC_REQUIRED").await;
 }
 
+#[tokio::test]
+async fn last_event_id_fills_an_after_the_operation_omits_or_writes_inline() {
+    let app = TestApp::spawn().await;
+    let (author, reader, page_cursor) = reader_with_cursor(&app, "sse_inline").await;
+    let (author_token, reader_token) = (token(&app, author), token(&app, reader));
+    // The README's example: no `after` at all.
+    let bare = "subscription { feedItemAdded { cursor node { id title } } }";
+    let mut feed = feed_stream(&app, &reader_token, bare, json!({}), None).await;
+    let seen = publish(&app, &author_token, "seen").await;
+    let (id, seen_id) = feed_event(feed.next().await);
+    assert_eq!(id, seen);
+    drop(feed);
+
+    let missed = publish(&app, &author_token, "missed").await;
+    let mut resumed = feed_stream(&app, &reader_token, bare, json!({}), Some(&seen_id)).await;
+    let (id, missed_id) = feed_event(resumed.next().await);
+    assert_eq!(id, missed, "the item missed is replayed");
+    drop(resumed);
+
+    // An inline `after`, older than the event received last: the header wins, so neither "seen"
+    // nor "missed" comes again.
+    let inline = format!(
+        "subscription {{ items: feedItemAdded(after: {}) {{ cursor node {{ id title }} }} }}",
+        json!(page_cursor)
+    );
+    let mut resumed = feed_stream(&app, &reader_token, &inline, json!({}), Some(&missed_id)).await;
+    let live = publish(&app, &author_token, "live").await;
+    let event = resumed.next().await.unwrap();
+    assert_eq!(event.name, "next", "{event:?}");
+    let item = &event.data["data"]["items"];
+    assert_eq!(article_row(item["node"]["id"].as_str().unwrap()), live);
+    assert_eq!(
+        event.id.as_deref(),
+        item["cursor"].as_str(),
+        "the alias keeps the id"
+    );
+}
+
 /// A series of the `/metrics` scrape, by its name and labels as written there.
 fn series(scrape: &str, series: &str) -> f64 {
     scrape

@@ -26,8 +26,9 @@
 //!
 //! **Resuming** (distinct SSE streams): each `next` of a [`Resumable`] field carries the event's
 //! cursor as its SSE `id`, and a request with `Last-Event-ID` (what an `EventSource` sends when it
-//! reconnects) runs with that cursor as the field's argument, when the operation passes the
-//! argument as a variable.
+//! reconnects) runs with that cursor as the field's argument: the value of the variable the
+//! operation passes there, or written into the document in place of a literal or where the
+//! argument is missing (not into a persisted document's text, which must keep its hash).
 //!
 //! Credentials that expire end, as on a websocket, the operations that read the viewer: their
 //! last result is an error coded `UNAUTHENTICATED`, then their end.
@@ -40,12 +41,13 @@
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
-use async_graphql::Response;
+use async_graphql::{Positioned, Response};
 use axum::body::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::stream::{BoxStream, Stream};
@@ -137,13 +139,29 @@ pub struct Resumable {
     pub argument: &'static str,
 }
 
-/// Where a resumable operation's cursor is in each result, and the variable its argument takes.
+/// Where a resumable operation's cursor is in each result, and how a cursor to resume after
+/// reaches its argument.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Resume {
     /// The field's key in the result: its alias, or its name.
     key: String,
     cursor: &'static str,
-    variable: Option<String>,
+    argument: &'static str,
+    fill: Fill,
+}
+
+/// How `Last-Event-ID` becomes the resumable field's argument.
+#[derive(Debug, PartialEq, Eq)]
+enum Fill {
+    /// The argument is this variable: the cursor is its value.
+    Variable(String),
+    /// The argument is a literal, or absent: the cursor is written into the document in place of
+    /// the bytes `at` (an empty range where it is inserted), in parentheses when the field has no
+    /// argument list.
+    Text {
+        at: Range<usize>,
+        parenthesized: bool,
+    },
 }
 
 impl Resume {
@@ -170,27 +188,78 @@ impl Resume {
             .iter()
             .find(|resumable| resumable.field == field.name.node.as_str())?;
         let key = field.alias.as_ref().unwrap_or(&field.name).node.to_string();
-        let variable = match field
-            .get_argument(resumable.argument)
-            .map(|value| &value.node)
-        {
-            Some(async_graphql_value::Value::Variable(name)) => Some(name.to_string()),
-            _ => None,
+        let query = request.query.as_str();
+        let start_of = |name: &Positioned<async_graphql::Name>| offset(query, name.pos, &name.node);
+        let argument = field
+            .arguments
+            .iter()
+            .position(|(name, _)| name.node == resumable.argument);
+        let fill = match argument {
+            Some(index) => {
+                let (name, value) = &field.arguments[index];
+                if let async_graphql_value::Value::Variable(variable) = &value.node {
+                    Fill::Variable(variable.to_string())
+                } else {
+                    let start = start_of(name)?;
+                    let end = match field.arguments.get(index + 1) {
+                        Some((next, _)) => start_of(next)?,
+                        None => closing_parenthesis(query, start)?,
+                    };
+                    Fill::Text {
+                        at: start..end,
+                        parenthesized: false,
+                    }
+                }
+            }
+            None => match field.arguments.first() {
+                Some((first, _)) => {
+                    let at = start_of(first)?;
+                    Fill::Text {
+                        at: at..at,
+                        parenthesized: false,
+                    }
+                }
+                None => {
+                    let end = start_of(&field.name)? + field.name.node.len();
+                    Fill::Text {
+                        at: end..end,
+                        parenthesized: true,
+                    }
+                }
+            },
         };
         Some(Self {
             key,
             cursor: resumable.cursor,
-            variable,
+            argument: resumable.argument,
+            fill,
         })
     }
 
-    /// Resumes after `last_event_id`, where the operation takes its cursor from a variable.
+    /// Resumes after `last_event_id`, which is newer than any cursor the document names: the
+    /// event the client received last. A variable takes it as its value; a literal is replaced by
+    /// it and a missing argument added, except in a persisted document, whose text must keep its
+    /// hash (it must take the argument as a variable to resume).
     pub(crate) fn after(&self, request: &mut async_graphql::Request, last_event_id: &str) {
-        if let Some(variable) = &self.variable {
-            request.variables.insert(
-                async_graphql::Name::new(variable),
-                async_graphql::Value::String(last_event_id.to_owned()),
-            );
+        match &self.fill {
+            Fill::Variable(variable) => {
+                request.variables.insert(
+                    async_graphql::Name::new(variable),
+                    async_graphql::Value::String(last_event_id.to_owned()),
+                );
+            }
+            Fill::Text { at, parenthesized } => {
+                if request.extensions.contains_key("persistedQuery") {
+                    return;
+                }
+                let cursor = serde_json::to_string(last_event_id).expect("a string serializes");
+                let argument = if *parenthesized {
+                    format!("({}: {cursor})", self.argument)
+                } else {
+                    format!("{}: {cursor} ", self.argument)
+                };
+                request.query.replace_range(at.clone(), &argument);
+            }
         }
     }
 
@@ -209,6 +278,59 @@ impl Resume {
             _ => None,
         }
     }
+}
+
+/// The byte offset in `query` of the token at `pos` that starts with `token`. The parser counts
+/// lines at `\n` and starts a column again after a `\r`, so a position can name more than one
+/// offset; the token tells them apart.
+fn offset(query: &str, pos: async_graphql::Pos, token: &str) -> Option<usize> {
+    let (mut line, mut column) = (1, 1);
+    for (at, character) in query.char_indices() {
+        if line == pos.line && column == pos.column && query[at..].starts_with(token) {
+            return Some(at);
+        }
+        match character {
+            '\n' => (line, column) = (line + 1, 1),
+            '\r' => column = 1,
+            _ => column += 1,
+        }
+    }
+    None
+}
+
+/// The offset of the `)` that closes an argument list, scanning from within it: parentheses
+/// appear in values only inside strings, and in comments.
+fn closing_parenthesis(query: &str, from: usize) -> Option<usize> {
+    let bytes = query.as_bytes();
+    let mut at = from;
+    while at < bytes.len() {
+        match bytes[at] {
+            b')' => return Some(at),
+            b'#' => at += query[at..].find(['\n', '\r']).unwrap_or(query.len() - at),
+            b'"' if query[at..].starts_with("\"\"\"") => {
+                at += 3;
+                loop {
+                    let rest = &query[at..];
+                    let end = rest.find("\"\"\"")?;
+                    at += end + 3;
+                    // `\"""` is an escaped quote, not the end of the block string.
+                    if !rest[..end].ends_with('\\') {
+                        break;
+                    }
+                }
+                continue;
+            }
+            b'"' => {
+                at += 1;
+                while *bytes.get(at)? != b'"' {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    None
 }
 
 /// Where an operation's messages go, and how each is framed.
@@ -940,7 +1062,7 @@ mod tests {
     }];
 
     #[test]
-    fn a_resumable_event_carries_its_cursor_as_its_id_and_last_event_id_becomes_the_variable() {
+    fn a_resumable_event_carries_its_cursor_as_its_id_and_last_event_id_becomes_its_argument() {
         let query = "subscription($from: String) { latest: news(after: $from) { cursor } }";
         let resume = Resume::of(&async_graphql::Request::new(query), RESUMABLE).unwrap();
         let mut request = async_graphql::Request::new(query);
@@ -956,14 +1078,41 @@ mod tests {
             "id: c42\nevent: next\ndata: {\"data\":{\"latest\":{\"cursor\":\"c42\"}}}\n\n"
         );
 
-        let literal = "subscription { news(after: \"c1\") { cursor } }";
-        let resume = Resume::of(&async_graphql::Request::new(literal), RESUMABLE).unwrap();
-        let mut request = async_graphql::Request::new(literal);
-        resume.after(&mut request, "c41");
-        assert!(
-            request.variables.is_empty(),
-            "a literal is the client's own"
+        let resumed = |query: &str| {
+            let mut request = async_graphql::Request::new(query);
+            Resume::of(&request, RESUMABLE)
+                .unwrap()
+                .after(&mut request, "c\"41");
+            request.query
+        };
+        // The header names the event received last, newer than any cursor the document holds.
+        assert_eq!(
+            resumed("subscription { news(after: \"c1\", first: 2) { cursor } }"),
+            "subscription { news(after: \"c\\\"41\" first: 2) { cursor } }"
         );
+        assert_eq!(
+            resumed(
+                "subscription {\r\n  news(first: 2,\r\n after: \"\"\"a)\\\"\"\"b\"\"\" # )\n) { cursor } }"
+            ),
+            "subscription {\r\n  news(first: 2,\r\n after: \"c\\\"41\" ) { cursor } }"
+        );
+        assert_eq!(
+            resumed("subscription { n: news(first: 2) { cursor } }"),
+            "subscription { n: news(after: \"c\\\"41\" first: 2) { cursor } }"
+        );
+        assert_eq!(
+            resumed("subscription { news @skip(if: false) { cursor } }"),
+            "subscription { news(after: \"c\\\"41\") @skip(if: false) { cursor } }"
+        );
+        let persisted = "subscription { news { cursor } }";
+        let mut request = async_graphql::Request::new(persisted);
+        request
+            .extensions
+            .insert("persistedQuery".to_owned(), async_graphql::Value::Null);
+        Resume::of(&request, RESUMABLE)
+            .unwrap()
+            .after(&mut request, "c41");
+        assert_eq!(request.query, persisted, "a persisted text keeps its hash");
         let two = "subscription { news { cursor } board { top } }";
         assert_eq!(
             Resume::of(&async_graphql::Request::new(two), RESUMABLE),
