@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use pulse::graphql::ids::NodeType;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::connections::{LONG_ARTICLES, publish_long_articles_until};
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
 use crate::helpers::{TestApp, article_row, error_code, eventually};
 use crate::votes::{admin, create_poll, row};
@@ -26,8 +28,47 @@ const TOKEN_HEADER: &str = "x-graphql-event-stream-token";
 
 /// An SSE response read event by event.
 pub struct Events {
-    response: reqwest::Response,
+    source: Source,
     buffer: String,
+}
+
+/// Where an SSE response's body comes from.
+enum Source {
+    Response(reqwest::Response),
+    /// A response read off a socket by hand, for a client that controls its receive buffer: its
+    /// chunked body, what has arrived of it and is not decoded yet.
+    Raw {
+        stream: tokio::net::TcpStream,
+        pending: Vec<u8>,
+    },
+}
+
+impl Source {
+    /// The next piece of the body; `None` when it ends (cleanly or not).
+    async fn chunk(&mut self) -> Option<Vec<u8>> {
+        match self {
+            Self::Response(response) => response.chunk().await.ok()?.map(|bytes| bytes.to_vec()),
+            Self::Raw { stream, pending } => loop {
+                if let Some(line) = pending.windows(2).position(|pair| pair == b"\r\n") {
+                    let size = std::str::from_utf8(&pending[..line]).unwrap();
+                    let size = usize::from_str_radix(size.trim(), 16).unwrap();
+                    if size == 0 {
+                        return None;
+                    }
+                    if pending.len() >= line + 2 + size + 2 {
+                        let chunk = pending[line + 2..line + 2 + size].to_vec();
+                        pending.drain(..line + 2 + size + 2);
+                        return Some(chunk);
+                    }
+                }
+                let mut buffer = [0u8; 4096];
+                match stream.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => pending.extend_from_slice(&buffer[..n]),
+                }
+            },
+        }
+    }
 }
 
 /// One event: its name, its data, parsed (`null` when empty), and its id if it has one.
@@ -47,7 +88,43 @@ impl Events {
             "{content_type}"
         );
         Self {
-            response,
+            source: Source::Response(response),
+            buffer: String::new(),
+        }
+    }
+
+    /// A distinct stream of `query` POSTed to `/graphql/stream` over a socket whose receive
+    /// buffer holds 4 KiB, so that a client that stops reading soon holds the server back.
+    pub async fn with_small_receive_buffer(app: &TestApp, query: &str, variables: Value) -> Self {
+        let tcp = tokio::net::TcpSocket::new_v4().unwrap();
+        tcp.set_recv_buffer_size(4096).unwrap();
+        let mut stream = tcp.connect(app.addr).await.unwrap();
+        let body = json!({ "query": query, "variables": variables }).to_string();
+        let request = format!(
+            "POST /graphql/stream HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            app.addr,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut pending = Vec::new();
+        let end = loop {
+            if let Some(end) = pending.windows(4).position(|four| four == b"\r\n\r\n") {
+                break end;
+            }
+            let mut buffer = [0u8; 4096];
+            let n = stream.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "the server answers");
+            pending.extend_from_slice(&buffer[..n]);
+        };
+        let head = String::from_utf8(pending.drain(..end + 4).collect())
+            .unwrap()
+            .to_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(head.contains("content-type: text/event-stream"), "{head}");
+        assert!(head.contains("transfer-encoding: chunked"), "{head}");
+        Self {
+            source: Source::Raw { stream, pending },
             buffer: String::new(),
         }
     }
@@ -77,12 +154,12 @@ impl Events {
                 };
                 return Some(Event { name, data, id });
             }
-            let chunk = tokio::time::timeout(Duration::from_secs(10), self.response.chunk())
+            let chunk = tokio::time::timeout(Duration::from_secs(10), self.source.chunk())
                 .await
                 .expect("an event within 10 s");
             match chunk {
-                Ok(Some(bytes)) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
-                Ok(None) | Err(_) => return None,
+                Some(bytes) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
+                None => return None,
             }
         }
     }
@@ -753,4 +830,89 @@ async fn an_expiring_token_ends_a_stream_reading_the_viewer_with_unauthenticated
             .is_err(),
         "the board's stream stays open"
     );
+}
+
+#[tokio::test]
+async fn an_event_stream_that_stops_reading_gets_what_was_queued_then_a_resync_with_its_cursor_and_resumes_with_last_event_id()
+ {
+    let app = TestApp::spawn_with(|config| config.ws_send_budget = 32 * 1024).await;
+    let (token, _) = app.sign_up("prolific_sse").await;
+    let start = app.publish(&token, "start").await;
+    let from_start = json!({ "after": start });
+    let mut events =
+        Events::with_small_receive_buffer(&app, LONG_ARTICLES, from_start.clone()).await;
+    crate::subscriptions::wait_until_listening(&app).await;
+
+    let resyncs = async || {
+        series(
+            &app.metrics().await,
+            "pulse_live_stream_slow_consumer_resyncs_total{transport=\"sse\"}",
+        )
+    };
+    let resyncs_before = resyncs().await;
+    let published =
+        publish_long_articles_until(&app, &token, async || resyncs().await > resyncs_before).await;
+    eventually("the server ends the stream that fell behind", async || {
+        resyncs().await > resyncs_before
+    })
+    .await;
+
+    // Reading again: what was queued, in order, each event's id its article's, then the resync
+    // with the cursor of the last of them, and the stream's end.
+    let mut delivered = Vec::new();
+    let resync = loop {
+        let event = events.next().await.expect("the stream goes on");
+        assert_eq!(event.name, "next", "{event:?}");
+        match event.data["data"]["articlePublished"]["id"].as_str() {
+            Some(id) => {
+                assert_eq!(event.id.as_deref(), Some(id));
+                delivered.push(id.to_owned());
+            }
+            None => break event.data,
+        }
+    };
+    assert_eq!(error_code(&resync), "RESYNC_REQUIRED", "{resync}");
+    assert!(
+        !delivered.is_empty(),
+        "nothing delivered of {}",
+        published.len()
+    );
+    assert!(
+        delivered.len() < published.len(),
+        "all {} delivered",
+        published.len()
+    );
+    assert_eq!(
+        delivered[..],
+        published[..delivered.len()],
+        "in order, from the first"
+    );
+    let cursor = resync["errors"][0]["extensions"]["cursor"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no cursor: {resync}"))
+        .to_owned();
+    assert_eq!(Some(&cursor), delivered.last());
+    assert_eq!(events.next().await.unwrap().name, "complete");
+    assert!(events.next().await.is_none(), "the stream ends");
+
+    // The same request again with the cursor as Last-Event-ID, as an EventSource reconnects:
+    // the rest, each once.
+    let resumed = app
+        .http
+        .post(app.url("/graphql/stream"))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", &cursor)
+        .json(&json!({ "query": LONG_ARTICLES, "variables": from_start }))
+        .send()
+        .await
+        .unwrap();
+    let mut resumed = Events::new(resumed);
+    while delivered.len() < published.len() {
+        let result = resumed.next_result().await;
+        let id = result["data"]["articlePublished"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{result}"));
+        delivered.push(id.to_owned());
+    }
+    assert_eq!(delivered, published, "a gap or a duplicate");
 }

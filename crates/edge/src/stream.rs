@@ -34,9 +34,12 @@
 //! last result is an error coded `UNAUTHENTICATED`, then their end.
 //!
 //! Every stream is bounded as a websocket is: what the client has not read waits within the send
-//! budget; a snapshot replaces its operation's unsent one in place; an event past the budget cuts
-//! the response (no `complete`, no final boundary), which clients take as a network failure and
-//! reconnect. When the server shuts down, SSE streams end without `complete` (clients reconnect)
+//! budget; a snapshot replaces its operation's unsent one in place; an event past the budget ends
+//! its operation alone (the stream, for a distinct one) with a last result whose error is coded
+//! `RESYNC_REQUIRED`, carrying in `extensions.cursor` the cursor of the operation's last event
+//! queued before it, then its end; it and what would follow it are dropped. A snapshot past the
+//! budget with no unsent one to replace cuts the response (no `complete`, no final boundary),
+//! which clients take as a network failure and reconnect. When the server shuts down, SSE streams end without `complete` (clients reconnect)
 //! and multipart responses end with an error coded `SHUTTING_DOWN` in the part's `errors`.
 
 use std::any::Any;
@@ -77,6 +80,8 @@ pub const STREAM_BYTES_SENT: &str = "pulse_live_stream_bytes_sent_total";
 pub const STREAM_QUEUED_BYTES: &str = "pulse_live_stream_queued_bytes";
 pub const STREAM_SNAPSHOTS_REPLACED: &str = "pulse_live_stream_snapshots_replaced_total";
 pub const STREAM_SLOW_CONSUMER_CUTS: &str = "pulse_live_stream_slow_consumer_cuts_total";
+/// Event streams ended with `RESYNC_REQUIRED` for falling more than the send budget behind.
+pub const STREAM_SLOW_CONSUMER_RESYNCS: &str = "pulse_live_stream_slow_consumer_resyncs_total";
 
 /// How a stream's messages are framed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +146,7 @@ pub struct Resumable {
 
 /// Where a resumable operation's cursor is in each result, and how a cursor to resume after
 /// reaches its argument.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Resume {
     /// The field's key in the result: its alias, or its name.
     key: String,
@@ -151,7 +156,7 @@ pub(crate) struct Resume {
 }
 
 /// How `Last-Event-ID` becomes the resumable field's argument.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Fill {
     /// The argument is this variable: the cursor is its value.
     Variable(String),
@@ -263,6 +268,11 @@ impl Resume {
         }
     }
 
+    /// The cursor of the event in `result`, a result serialized as JSON.
+    pub(crate) fn cursor_in<'r>(&self, result: &'r serde_json::Value) -> Option<&'r str> {
+        result["data"][self.key.as_str()][self.cursor].as_str()
+    }
+
     /// The cursor of the event in `response`, if it has one that fits on an `id:` line.
     fn event_id<'r>(&self, response: &'r Response) -> Option<&'r str> {
         let async_graphql::Value::Object(data) = &response.data else {
@@ -338,22 +348,21 @@ fn closing_parenthesis(query: &str, from: usize) -> Option<usize> {
 enum Framing {
     /// The operation is the stream: `next` carries the result (and, resumable, its cursor as the
     /// event's `id`), `complete` ends the stream.
-    Distinct(Option<Resume>),
+    Distinct,
     /// One of a single-connection stream's operations, by its id.
     Single(String),
     Multipart,
 }
 
 impl Framing {
-    fn next(&self, response: &Response) -> Bytes {
+    /// A result's message; `cursor`, the event's, is its SSE `id` on a distinct stream.
+    fn next(&self, response: &Response, cursor: Option<&str>) -> Bytes {
         let result = serde_json::to_string(response).expect("a GraphQL response serializes");
         match self {
-            Self::Distinct(resume) => {
-                match resume.as_ref().and_then(|resume| resume.event_id(response)) {
-                    Some(id) => Bytes::from(format!("id: {id}\nevent: next\ndata: {result}\n\n")),
-                    None => sse_event("next", &result),
-                }
-            }
+            Self::Distinct => match cursor {
+                Some(id) => Bytes::from(format!("id: {id}\nevent: next\ndata: {result}\n\n")),
+                None => sse_event("next", &result),
+            },
             Self::Single(id) => {
                 let id = serde_json::to_string(id).expect("a string serializes");
                 sse_event("next", &format!(r#"{{"id":{id},"payload":{result}}}"#))
@@ -367,7 +376,7 @@ impl Framing {
     fn complete(&self) -> Option<Bytes> {
         match self {
             // `data:` with nothing after it, so that an `EventSource` dispatches the event.
-            Self::Distinct(_) => Some(Bytes::from_static(b"event: complete\ndata:\n\n")),
+            Self::Distinct => Some(Bytes::from_static(b"event: complete\ndata:\n\n")),
             Self::Single(id) => {
                 let id = serde_json::json!({ "id": id });
                 Some(sse_event("complete", &id.to_string()))
@@ -526,6 +535,10 @@ impl Inlet {
         Ok(())
     }
 
+    fn transport(&self) -> Transport {
+        lock(&self.queue).transport
+    }
+
     /// Messages of the protocol itself (a `complete`, an error) are a few bytes each and never
     /// refused.
     fn push_control(&self, bytes: Bytes) {
@@ -634,24 +647,53 @@ impl Stream for Outlet {
 pub(crate) struct Bounds {
     pub(crate) websocket: websocket::Settings,
     pub(crate) shutdown: CancellationToken,
-    pub(crate) resumable: &'static [Resumable],
 }
 
 impl Bounds {
-    /// The operation counted as running, whether each of its results is a whole snapshot, and
-    /// when it ends for want of credentials: when those it runs with expire, if it reads the
-    /// viewer.
-    fn live(
-        &self,
-        transport: Transport,
-        request: &async_graphql::Request,
-    ) -> (Running, bool, Option<SystemTime>) {
+    /// The operation counted as running, and what its pump must know of it.
+    fn live(&self, transport: Transport, request: &async_graphql::Request) -> (Running, Live) {
         let (snapshot, reads_viewer) = websocket::snapshot_and_viewer(request, &self.websocket);
         let expires = reads_viewer
             .then(|| websocket::credentials_expire(&request.data))
             .flatten();
-        (Running::new(transport), snapshot, expires)
+        let live = Live {
+            snapshot,
+            expires,
+            resume: Resume::of(request, self.websocket.resumable),
+        };
+        (Running::new(transport), live)
     }
+
+    pub(crate) fn resumable(&self) -> &'static [Resumable] {
+        self.websocket.resumable
+    }
+}
+
+/// What an operation's pump knows of it.
+struct Live {
+    /// Each of its results is a whole snapshot.
+    snapshot: bool,
+    /// When it ends for want of credentials: when those it runs with expire, if it reads the
+    /// viewer.
+    expires: Option<SystemTime>,
+    /// Where its events carry their cursor, for a resumable field.
+    resume: Option<Resume>,
+}
+
+/// The last result of an event stream whose client fell more than the send budget behind:
+/// `cursor` is that of the last event the client receives before it.
+fn fell_behind(cursor: Option<String>) -> Response {
+    let mut error = async_graphql::ServerError::new(
+        "the client fell more than its send budget behind; subscribe again after \
+         extensions.cursor (or, without one, read again)",
+        None,
+    );
+    let extensions = error.extensions.get_or_insert_with(Default::default);
+    extensions.set("code", websocket::RESYNC_REQUIRED);
+    if let Some(cursor) = cursor {
+        extensions.set("cursor", cursor);
+    }
+    Response::from_errors(vec![error])
 }
 
 /// The last result of an operation whose credentials expired.
@@ -695,17 +737,19 @@ enum Pumped {
 
 /// Moves one operation's results into `inlet` until it completes, `stop` is cancelled, the
 /// client goes, or the credentials expire (then an error coded `UNAUTHENTICATED` is its last
-/// result). A result past the budget cuts the stream, unless it is a snapshot.
+/// result). An event past the budget is dropped with whatever would follow it, and the operation
+/// ends with an error coded `RESYNC_REQUIRED` carrying the cursor of its last event queued; a
+/// snapshot past the budget, which had no unsent one to replace, cuts the stream.
 async fn pump(
     mut responses: BoxStream<'static, Response>,
     framing: &Framing,
     snapshot_of: Option<&str>,
-    expires: Option<SystemTime>,
+    live: &Live,
     inlet: &Inlet,
     stop: &CancellationToken,
 ) -> Pumped {
     let expiry = async {
-        match expires {
+        match live.expires {
             Some(at) => {
                 let left = at.duration_since(SystemTime::now()).unwrap_or_default();
                 tokio::time::sleep(left).await;
@@ -714,13 +758,14 @@ async fn pump(
         }
     };
     let mut expiry = std::pin::pin!(expiry);
+    let mut last_cursor = None;
     loop {
         let response = tokio::select! {
             biased;
             () = inlet.gone.cancelled() => return Pumped::Stopped,
             () = stop.cancelled() => return Pumped::Stopped,
             () = &mut expiry => {
-                inlet.push_control(framing.next(&credentials_expired()));
+                inlet.push_control(framing.next(&credentials_expired(), None));
                 None
             }
             response = responses.next() => response,
@@ -731,9 +776,30 @@ async fn pump(
             }
             return Pumped::Completed;
         };
-        if inlet.push(framing.next(&response), snapshot_of).is_err() {
-            inlet.cut();
-            return Pumped::Stopped;
+        let cursor = live
+            .resume
+            .as_ref()
+            .and_then(|resume| resume.event_id(&response));
+        match inlet.push(framing.next(&response, cursor), snapshot_of) {
+            Ok(()) => {
+                if let Some(cursor) = cursor {
+                    last_cursor = Some(cursor.to_owned());
+                }
+            }
+            Err(OverBudget) if snapshot_of.is_none() => {
+                let transport = inlet.transport().label();
+                metrics::counter!(STREAM_SLOW_CONSUMER_RESYNCS, "transport" => transport)
+                    .increment(1);
+                inlet.push_control(framing.next(&fell_behind(last_cursor), None));
+                if let Some(complete) = framing.complete() {
+                    inlet.push_control(complete);
+                }
+                return Pumped::Completed;
+            }
+            Err(OverBudget) => {
+                inlet.cut();
+                return Pumped::Stopped;
+            }
         }
     }
 }
@@ -744,15 +810,14 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
     request: async_graphql::Request,
     transport: Transport,
     bounds: &Bounds,
-    resume: Option<Resume>,
     held: Box<dyn Any + Send>,
 ) -> impl Stream<Item = Result<Bytes, SlowConsumer>> + Send + 'static {
     let (inlet, outlet) = channel(transport, bounds.websocket.send_budget, held);
-    let (running, snapshot, expires) = bounds.live(transport, &request);
-    let snapshot = snapshot.then_some("");
+    let (running, live) = bounds.live(transport, &request);
+    let snapshot = live.snapshot.then_some("");
     let responses = executor.execute_stream(request, None);
     let framing = match transport {
-        Transport::Sse => Framing::Distinct(resume),
+        Transport::Sse => Framing::Distinct,
         Transport::Multipart => Framing::Multipart,
     };
     let heartbeat = match transport {
@@ -764,7 +829,7 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
         let _running = running;
         let stop = CancellationToken::new();
         let pumped = {
-            let pumping = pump(responses, &framing, snapshot, expires, &inlet, &stop);
+            let pumping = pump(responses, &framing, snapshot, &live, &inlet, &stop);
             let mut pumping = std::pin::pin!(pumping);
             let mut beats = heartbeats(heartbeat);
             loop {
@@ -930,13 +995,13 @@ impl Reservations {
             }
             running.insert(id.clone(), stop.clone());
         }
-        let (counted, snapshot, expires) = bounds.live(Transport::Sse, &request);
+        let (counted, live) = bounds.live(Transport::Sse, &request);
         let responses = executor.execute_stream(request, None);
         tokio::spawn(async move {
             let _counted = counted;
             let framing = Framing::Single(id.clone());
-            let snapshot_of = snapshot.then_some(id.as_str());
-            pump(responses, &framing, snapshot_of, expires, &inlet, &stop).await;
+            let snapshot_of = live.snapshot.then_some(id.as_str());
+            pump(responses, &framing, snapshot_of, &live, &inlet, &stop).await;
             let mut running = lock_map(&operations);
             // A stopped id may have been reused already: only this run's entry goes.
             if running
@@ -1021,7 +1086,7 @@ mod tests {
         let (inlet, mut outlet) = channel(Transport::Multipart, 1000, Box::new(()));
         // The opening boundary waits: a heartbeat would add nothing.
         inlet.heartbeat();
-        let framed = Framing::Multipart.next(&Response::new(async_graphql::Value::Null));
+        let framed = Framing::Multipart.next(&Response::new(async_graphql::Value::Null), None);
         inlet.push(framed, None).unwrap();
         inlet.finish();
         let sent = text(&drained(&mut outlet));
@@ -1038,7 +1103,7 @@ mod tests {
         let response = Response::new(async_graphql::Value::from(1));
         let single = Framing::Single("op \"1\"".to_owned());
         assert_eq!(
-            single.next(&response),
+            single.next(&response, Some("c1")),
             "event: next\ndata: {\"id\":\"op \\\"1\\\"\",\"payload\":{\"data\":1}}\n\n"
         );
         assert_eq!(
@@ -1046,11 +1111,11 @@ mod tests {
             "event: complete\ndata: {\"id\":\"op \\\"1\\\"\"}\n\n"
         );
         assert_eq!(
-            Framing::Distinct(None).next(&response),
+            Framing::Distinct.next(&response, None),
             "event: next\ndata: {\"data\":1}\n\n"
         );
         assert_eq!(
-            Framing::Distinct(None).complete().unwrap(),
+            Framing::Distinct.complete().unwrap(),
             "event: complete\ndata:\n\n"
         );
     }
@@ -1074,7 +1139,7 @@ mod tests {
         let data = serde_json::json!({ "latest": { "cursor": "c42" } });
         let response = Response::new(async_graphql::Value::from_json(data).unwrap());
         assert_eq!(
-            Framing::Distinct(Some(resume)).next(&response),
+            Framing::Distinct.next(&response, resume.event_id(&response)),
             "id: c42\nevent: next\ndata: {\"data\":{\"latest\":{\"cursor\":\"c42\"}}}\n\n"
         );
 
