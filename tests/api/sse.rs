@@ -916,3 +916,56 @@ async fn an_event_stream_that_stops_reading_gets_what_was_queued_then_a_resync_w
     }
     assert_eq!(delivered, published, "a gap or a duplicate");
 }
+
+#[tokio::test]
+async fn an_operation_that_does_not_validate_is_a_400_with_its_errors_and_holds_neither_its_id_nor_a_place()
+ {
+    let app = TestApp::spawn_with(|config| config.ws_max_subscriptions = 1).await;
+    let (poll_id, _) = poll(&app).await;
+    let (stream_token, mut events) = single_connection(&app, None).await;
+    let fields: String = (0..3_000)
+        .map(|i| format!("a{i}: leaderboardChanged(pollId: \"x\") {{ version }} "))
+        .collect();
+    let over_the_limit = format!("subscription {{ {fields} }}");
+    let refused = [
+        ("subscription {", "does not parse"),
+        ("subscription { noSuchField }", "does not validate"),
+        (over_the_limit.as_str(), "query complexity "),
+        (LEADERBOARD, "required variable"),
+    ];
+    for (query, why) in refused {
+        let (status, body) = operation(&app, &stream_token, None, "1", query, json!({})).await;
+        assert_eq!(status, 400, "{why}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(error_code(&body), "BAD_USER_INPUT", "{why}: {body}");
+        assert!(body.get("data").is_none(), "{why}: {body}");
+    }
+    let over: Value = serde_json::from_str(
+        &operation(&app, &stream_token, None, "1", &over_the_limit, json!({}))
+            .await
+            .1,
+    )
+    .unwrap();
+    let message = over["errors"][0]["message"].as_str().unwrap();
+    assert!(message.starts_with("query complexity "), "{message}");
+
+    // None took the id "1" or the one place the stream has: a valid operation gets both, and its
+    // result is the first event on the stream.
+    let (status, body) = operation(
+        &app,
+        &stream_token,
+        None,
+        "1",
+        LEADERBOARD,
+        json!({ "p": poll_id }),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let event = events.next().await.unwrap();
+    assert_eq!(event.data["id"], "1", "{event:?}");
+    assert_eq!(event.name, "next", "{event:?}");
+    assert_eq!(
+        event.data["payload"]["data"]["leaderboardChanged"]["entries"][0]["score"], 0.0,
+        "{event:?}"
+    );
+}

@@ -663,6 +663,14 @@ async fn event_stream<E: Executor, H: RequestHook>(
 /// A refusal of the single-connection mode, with the status `graphql-sse` gives it.
 fn refused_response(refused: &Refused) -> Response {
     let (status, code) = match refused {
+        Refused::Invalid(errors) => {
+            let body = json!({ "errors": errors });
+            return media::json_response(
+                StatusCode::BAD_REQUEST,
+                MediaType::Json,
+                body.to_string(),
+            );
+        }
         Refused::UnknownToken => (StatusCode::NOT_FOUND, "NOT_FOUND"),
         Refused::StreamOpen | Refused::DuplicateOperation => {
             (StatusCode::CONFLICT, CLIENT_QUERY_ERROR)
@@ -720,10 +728,10 @@ async fn start_operation<E: Executor, H: RequestHook>(
     request.data = admitted.data;
     request.data.insert(HttpMethod::Post);
     request.data.insert(Streamed);
-    let started =
-        endpoint
-            .reservations
-            .start(token, id, &endpoint.executor, request, &endpoint.bounds);
+    let started = endpoint
+        .reservations
+        .start(token, id, &endpoint.executor, request, &endpoint.bounds)
+        .await;
     match started {
         Ok(()) => StatusCode::ACCEPTED.into_response(),
         Err(refused) => refused_response(&refused),

@@ -12,7 +12,9 @@
 //! (text); a GET or POST that accepts `text/event-stream` and carries the token (header
 //! [`TOKEN_HEADER`], or the `token` URL parameter for an `EventSource`) opens it; operations are
 //! POSTed with the token and `extensions.operationId` (202), their events carry
-//! `{"id", "payload"}`, and a DELETE with `?operationId=` stops one. A token nobody reserved is a
+//! `{"id", "payload"}`, and a DELETE with `?operationId=` stops one. An operation whose document
+//! does not parse or validate, or is over a limit, is a 400 with its errors, as the protocol
+//! suggests, and takes neither its id nor a place. A token nobody reserved is a
 //! 404, a second stream on one token a 409, an operation id already running a 409, an operation
 //! past [`crate::websocket::Settings::max_subscriptions`] a 429 coded
 //! [`TOO_MANY_OPERATIONS`]. A reservation whose stream does not open within the websocket init
@@ -652,16 +654,20 @@ pub(crate) struct Bounds {
 impl Bounds {
     /// The operation counted as running, and what its pump must know of it.
     fn live(&self, transport: Transport, request: &async_graphql::Request) -> (Running, Live) {
+        (Running::new(transport), self.live_of(request))
+    }
+
+    /// What an operation's pump must know of it.
+    fn live_of(&self, request: &async_graphql::Request) -> Live {
         let (snapshot, reads_viewer) = websocket::snapshot_and_viewer(request, &self.websocket);
         let expires = reads_viewer
             .then(|| websocket::credentials_expire(&request.data))
             .flatten();
-        let live = Live {
+        Live {
             snapshot,
             expires,
             resume: Resume::of(request, self.websocket.resumable),
-        };
-        (Running::new(transport), live)
+        }
     }
 
     pub(crate) fn resumable(&self) -> &'static [Resumable] {
@@ -880,7 +886,7 @@ struct Reservation {
 }
 
 /// Why a single-connection request is refused.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub(crate) enum Refused {
     /// No reservation has this token (404).
     UnknownToken,
@@ -890,6 +896,9 @@ pub(crate) enum Refused {
     DuplicateOperation,
     /// The stream runs as many operations as it may (429).
     TooManyOperations(usize),
+    /// The operation's document does not parse or validate, or is over a limit (400): the
+    /// errors, coded as a response's are.
+    Invalid(Vec<async_graphql::ServerError>),
 }
 
 impl Refused {
@@ -901,6 +910,7 @@ impl Refused {
             Self::TooManyOperations(max) => {
                 format!("more than {max} operations at once on one event stream")
             }
+            Self::Invalid(_) => "the operation does not validate".to_owned(),
         }
     }
 }
@@ -969,13 +979,15 @@ impl Reservations {
         Ok(outlet)
     }
 
-    /// Runs `request` on the stream reserved under `token` as operation `id`.
-    pub(crate) fn start<E: async_graphql::Executor>(
+    /// Runs `request` on the stream reserved under `token` as operation `id`, once its document
+    /// validated: one that does not (or is over a limit) is refused with its errors and holds
+    /// nothing, neither its id nor a place under the cap.
+    pub(crate) async fn start<E: async_graphql::Executor>(
         &self,
         token: &str,
         id: String,
         executor: &E,
-        request: async_graphql::Request,
+        mut request: async_graphql::Request,
         bounds: &Bounds,
     ) -> Result<(), Refused> {
         let (inlet, operations) = {
@@ -983,20 +995,31 @@ impl Reservations {
             let reservation = reservations.get(token).ok_or(Refused::UnknownToken)?;
             (reservation.inlet.clone(), reservation.operations.clone())
         };
-        let stop = Arc::new(CancellationToken::new());
-        {
-            let mut running = lock_map(&operations);
+        let max = bounds.websocket.max_subscriptions;
+        let room = |running: &HashMap<String, Arc<CancellationToken>>| {
             if running.contains_key(&id) {
                 return Err(Refused::DuplicateOperation);
             }
-            let max = bounds.websocket.max_subscriptions;
             if running.len() >= max {
                 return Err(Refused::TooManyOperations(max));
             }
+            Ok(())
+        };
+        room(&lock_map(&operations))?;
+        let live = bounds.live_of(&request);
+        let (validated, verdict) = Validated::new();
+        request.data.insert(validated);
+        let mut responses = executor.execute_stream(request, None);
+        let first = admitted(&mut responses, verdict).await?;
+        let stop = Arc::new(CancellationToken::new());
+        {
+            // Checked again: another request may have taken the id or the last place meanwhile.
+            let mut running = lock_map(&operations);
+            room(&running)?;
             running.insert(id.clone(), stop.clone());
         }
-        let (counted, live) = bounds.live(Transport::Sse, &request);
-        let responses = executor.execute_stream(request, None);
+        let counted = Running::new(Transport::Sse);
+        let responses = futures_util::stream::iter(first).chain(responses).boxed();
         tokio::spawn(async move {
             let _counted = counted;
             let framing = Framing::Single(id.clone());
@@ -1027,6 +1050,50 @@ impl Reservations {
         }
         Ok(())
     }
+}
+
+/// Whether a request's document validated, limits included, as the pipeline tells it: what a
+/// single-connection operation waits for before it is accepted.
+pub struct Validated(Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
+
+impl Validated {
+    fn new() -> (Self, tokio::sync::oneshot::Receiver<bool>) {
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        (Self(Mutex::new(Some(sender))), receiver)
+    }
+
+    /// The validation's verdict, once.
+    pub(crate) fn tell(&self, valid: bool) {
+        if let Some(sender) = lock_map(&self.0).take() {
+            let _ = sender.send(valid);
+        }
+    }
+}
+
+/// Waits for the verdict on the document of `responses`, driving it meanwhile: `Ok` with what it
+/// sent already (a query's result may come at once) if it validated, else its errors. A document
+/// refused before validation (it does not parse, a limit of the guard) never gets a verdict, but
+/// its errors come as the first response.
+async fn admitted(
+    responses: &mut BoxStream<'static, Response>,
+    mut verdict: tokio::sync::oneshot::Receiver<bool>,
+) -> Result<Option<Response>, Refused> {
+    let refusal = tokio::select! {
+        biased;
+        told = &mut verdict => match told {
+            Ok(true) => return Ok(None),
+            _ => responses.next().await,
+        },
+        first = responses.next() => {
+            if verdict.try_recv() == Ok(true) {
+                return Ok(first);
+            }
+            first
+        }
+    };
+    Err(Refused::Invalid(
+        refusal.map(|response| response.errors).unwrap_or_default(),
+    ))
 }
 
 /// An unguessable token: 128 random bits in hex.
