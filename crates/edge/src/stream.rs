@@ -39,9 +39,10 @@
 //! budget; a snapshot replaces its operation's unsent one in place; an event past the budget ends
 //! its operation alone (the stream, for a distinct one) with a last result whose error is coded
 //! `RESYNC_REQUIRED`, carrying in `extensions.cursor` the cursor of the operation's last event
-//! queued before it, then its end; it and what would follow it are dropped. A snapshot past the
-//! budget with no unsent one to replace cuts the response (no `complete`, no final boundary),
-//! which clients take as a network failure and reconnect. When the server shuts down, SSE streams end without `complete` (clients reconnect)
+//! queued before it, then its end; it and what would follow it are dropped. Ends may wait past
+//! the budget, up to twice it. A snapshot past the budget with no unsent one to replace, or an end
+//! past twice it, cuts the response (no `complete`, no final boundary), which clients take as a
+//! network failure and reconnect. When the server shuts down, SSE streams end without `complete` (clients reconnect)
 //! and multipart responses end with an error coded `SHUTTING_DOWN` in the part's `errors`.
 
 use std::any::Any;
@@ -550,6 +551,19 @@ impl Inlet {
         }
     }
 
+    /// The end of an operation that fell behind, past the budget but not past twice it: a client
+    /// that keeps starting operations without reading would otherwise pile ends up.
+    fn push_end(&self, bytes: Bytes) -> Result<(), OverBudget> {
+        let mut queue = lock(&self.queue);
+        if queue.end.is_none() {
+            if queue.bytes + bytes.len() > 2 * queue.budget {
+                return Err(OverBudget);
+            }
+            queue.enqueue(bytes, None);
+        }
+        Ok(())
+    }
+
     /// A heartbeat, unless something is waiting already (which shows the stream alive as well).
     fn heartbeat(&self) {
         let transport = {
@@ -793,13 +807,17 @@ async fn pump(
                 }
             }
             Err(OverBudget) if snapshot_of.is_none() => {
+                let mut end = framing.next(&fell_behind(last_cursor), None).to_vec();
+                if let Some(complete) = framing.complete() {
+                    end.extend_from_slice(&complete);
+                }
+                if inlet.push_end(Bytes::from(end)).is_err() {
+                    inlet.cut();
+                    return Pumped::Stopped;
+                }
                 let transport = inlet.transport().label();
                 metrics::counter!(STREAM_SLOW_CONSUMER_RESYNCS, "transport" => transport)
                     .increment(1);
-                inlet.push_control(framing.next(&fell_behind(last_cursor), None));
-                if let Some(complete) = framing.complete() {
-                    inlet.push_control(complete);
-                }
                 return Pumped::Completed;
             }
             Err(OverBudget) => {
@@ -1250,6 +1268,16 @@ mod tests {
             Resume::of(&async_graphql::Request::new(two), RESUMABLE),
             None
         );
+    }
+
+    #[test]
+    fn an_end_waits_past_the_budget_up_to_twice_it() {
+        let (inlet, _outlet) = channel(Transport::Sse, 100, Box::new(()));
+        // The opening comment's 3 bytes and these 97 fill the budget.
+        inlet.push(Bytes::from("e".repeat(97)), None).unwrap();
+        assert_eq!(inlet.push(Bytes::from("e"), None), Err(OverBudget));
+        assert_eq!(inlet.push_end(Bytes::from("x".repeat(60))), Ok(()));
+        assert_eq!(inlet.push_end(Bytes::from("x".repeat(60))), Err(OverBudget));
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! [`RESYNC_REQUIRED`] (the same end a resumed stream whose history is gone has) and `complete`.
 //! Its `extensions.cursor`, for a [`Settings::resumable`] field, is the cursor of the operation's
 //! last event queued before it, the last the client receives: subscribing again after it resumes
-//! with no gap. What was queued stays, the event and what would follow it are dropped, so the
-//! queue never holds more than the budget; the socket and its other operations go on.
+//! with no gap. What was queued stays, the event and what would follow it are dropped; the socket
+//! and its other operations go on. The ends may wait past the budget, up to twice it; an end past
+//! that (a client that keeps subscribing without reading) closes the socket with 4413.
 //!
 //! Credentials that expire: when `on_init`'s data holds a [`CredentialsExpire`], the operations
 //! that read something of the viewer (those selecting a field the settings'
@@ -317,13 +318,15 @@ pub async fn serve<E, OnInit, InitFuture>(
                                 lock(&session).queued(&id, cursor);
                                 continue;
                             }
-                            metrics::counter!(SLOW_CONSUMER_RESYNCS).increment(1);
                             let cursor = lock(&session).fell_behind(&id);
                             if let Some(forward) = &forward {
                                 let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                             }
-                            outbox.push_resync(protocol, &id, cursor);
-                            continue;
+                            if outbox.push_resync(protocol, &id, cursor).is_ok() {
+                                metrics::counter!(SLOW_CONSUMER_RESYNCS).increment(1);
+                                continue;
+                            }
+                            Err(OverBudget)
                         }
                         Outgoing::Drop => continue,
                     };
@@ -485,7 +488,14 @@ impl Outbox {
 
     /// The end of event stream `id`, fallen behind: a last result whose error is coded
     /// [`RESYNC_REQUIRED`], with the cursor of the last event queued before it, then `complete`.
-    fn push_resync(&mut self, protocol: WebSocketProtocols, id: &str, cursor: Option<String>) {
+    /// Ends wait past the budget, but not past twice it: a client that keeps subscribing without
+    /// reading would otherwise pile them up.
+    fn push_resync(
+        &mut self,
+        protocol: WebSocketProtocols,
+        id: &str,
+        cursor: Option<String>,
+    ) -> Result<(), OverBudget> {
         let mut extensions = serde_json::json!({ "code": RESYNC_REQUIRED });
         if let Some(cursor) = cursor {
             extensions["cursor"] = cursor.into();
@@ -502,10 +512,14 @@ impl Outbox {
             WebSocketProtocols::GraphQLWS => "next",
             WebSocketProtocols::SubscriptionsTransportWS => "data",
         };
-        let next = serde_json::json!({ "type": kind, "id": id, "payload": result });
-        let complete = serde_json::json!({ "type": "complete", "id": id });
-        self.push_control(Message::Text(next.to_string().into()));
-        self.push_control(Message::Text(complete.to_string().into()));
+        let next = serde_json::json!({ "type": kind, "id": id, "payload": result }).to_string();
+        let complete = serde_json::json!({ "type": "complete", "id": id }).to_string();
+        if self.bytes + next.len() + complete.len() > 2 * self.budget {
+            return Err(OverBudget);
+        }
+        self.push_control(Message::Text(next.into()));
+        self.push_control(Message::Text(complete.into()));
+        Ok(())
     }
 
     /// The end of operation `id` for want of valid credentials: an `error` coded
@@ -859,9 +873,9 @@ impl Session {
                 if operation.reads_viewer && self.expired {
                     return Admission::Unauthenticated(id.clone());
                 }
-                // An id the driver ended is free again: what async-graphql sent for the operation
-                // it had came before it read the stop that precedes this start.
-                self.ended.remove(id);
+                // An id the driver ended stays in `ended` until async-graphql's `complete` for the
+                // operation it had, which comes before anything of this one (it reads the stop
+                // that precedes this start first).
                 self.start(id.clone(), operation);
             }
             ClientMessage::Stop { id } => self.stop(id),
@@ -1092,6 +1106,36 @@ mod tests {
         let mut empty = Outbox::new(100);
         empty.push("l".repeat(500), None).unwrap();
         assert!(empty.push("e".to_owned(), None).is_err());
+    }
+
+    #[test]
+    fn an_event_stream_fallen_behind_ends_with_its_cursor_and_ends_wait_up_to_twice_the_budget() {
+        let mut outbox = Outbox::new(1000);
+        outbox.push("e".repeat(900), None).unwrap();
+        outbox
+            .push_resync(WebSocketProtocols::GraphQLWS, "1", Some("c7".to_owned()))
+            .unwrap();
+        let Message::Text(end) = &outbox.queue[1].message else {
+            panic!("not text");
+        };
+        let end: serde_json::Value = serde_json::from_str(end.as_str()).unwrap();
+        assert_eq!(end["type"], "next");
+        assert_eq!(end["payload"]["data"], serde_json::Value::Null);
+        let extensions = &end["payload"]["errors"][0]["extensions"];
+        assert_eq!(extensions["code"], RESYNC_REQUIRED);
+        assert_eq!(extensions["cursor"], "c7");
+        assert!(
+            matches!(&outbox.queue[2].message, Message::Text(text) if text.as_str() == r#"{"id":"1","type":"complete"}"#)
+        );
+        let mut ends = 1;
+        while outbox
+            .push_resync(WebSocketProtocols::GraphQLWS, "2", None)
+            .is_ok()
+        {
+            ends += 1;
+        }
+        assert!(ends > 1, "an end waits past the budget");
+        assert!(outbox.bytes <= 2000, "{} bytes", outbox.bytes);
     }
 
     fn new_session(protocol: WebSocketProtocols) -> Session {
