@@ -7,10 +7,11 @@
 -- live stream hearing it knows it missed what the old one held.
 --
 -- KEYS[1] journal
--- ARGV[1] channel
+-- ARGV[1] channel (in the journal's slot)
 -- ARGV[2] journal cap
 -- ARGV[3] article id
 -- ARGV[4] the article, as JSON
+-- ARGV[5] the command that publishes on ARGV[1]: PUBLISH (one server) or SPUBLISH (a cluster)
 -- Publishes "epoch:position:" followed by ARGV[4]. Returns the article's position; an article
 -- already journaled is not announced again.
 
@@ -32,5 +33,5 @@ local position = math.max(tonumber(top[2]), 0) + 1
 redis.call('ZADD', KEYS[1], position, ARGV[3])
 -- The epoch member is rank 0 (its score is negative); the newest ARGV[2] positions stay.
 redis.call('ZREMRANGEBYRANK', KEYS[1], 1, -(tonumber(ARGV[2]) + 1))
-redis.call('PUBLISH', ARGV[1], string.format('%d:%d:', epoch, position) .. ARGV[4])
+redis.call(ARGV[5], ARGV[1], string.format('%d:%d:', epoch, position) .. ARGV[4])
 return position

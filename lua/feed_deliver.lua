@@ -26,15 +26,18 @@
 --                when the inbox does not exist yet), online marker, journal
 -- ARGV[1] cap
 -- ARGV[2] journal cap
--- ARGV[3] n, the number of articles
--- ARGV[4..3+n] article ids
--- ARGV[3+n+2i-1], ARGV[3+n+2i] follower i's id, and the channel to announce on ("" for none)
+-- ARGV[3] the command that announces: PUBLISH (one server) or SPUBLISH (a cluster, whose followers'
+--         channels are in their shard's slot)
+-- ARGV[4] n, the number of articles
+-- ARGV[5..4+n] article ids
+-- ARGV[4+n+2i-1], ARGV[4+n+2i] follower i's id, and the channel to announce on ("" for none)
 -- Returns {articles added (and kept within the cap), counted per inbox; announced; followers
 -- dropped from the audience}.
 
 local cap = tonumber(ARGV[1])
 local journal_cap = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
+local publish = ARGV[3]
+local n = tonumber(ARGV[4])
 local added, announced, dropped = 0, 0, 0
 
 for f = 1, (#KEYS - 1) / 4 do
@@ -49,7 +52,7 @@ for f = 1, (#KEYS - 1) / 4 do
   end
   if target then
     local new = {}
-    for a = 4, 3 + n do
+    for a = 5, 4 + n do
       if redis.call('ZADD', target, ARGV[a], ARGV[a]) == 1 then
         new[#new + 1] = ARGV[a]
       end
@@ -94,16 +97,16 @@ for f = 1, (#KEYS - 1) / 4 do
         messages[#messages + 1] = '0:0:' .. id
       end
     end
-    local channel = ARGV[3 + n + 2 * f]
+    local channel = ARGV[4 + n + 2 * f]
     if #messages > 0 and channel ~= '' and redis.call('EXISTS', KEYS[base + 3]) == 1 then
       for _, message in ipairs(messages) do
-        redis.call('PUBLISH', channel, message)
+        redis.call(publish, channel, message)
       end
       announced = announced + #messages
     end
   else
     redis.call('DEL', journal)
-    dropped = dropped + redis.call('ZREM', KEYS[1], ARGV[3 + n + 2 * f - 1])
+    dropped = dropped + redis.call('ZREM', KEYS[1], ARGV[4 + n + 2 * f - 1])
   end
 end
 return {added, announced, dropped}

@@ -143,12 +143,6 @@ pub const METRICS: &[Metric] = &[
         initial: NO_LABELS,
     },
     Metric {
-        name: "pulse_websockets_open",
-        kind: MetricKind::Gauge,
-        help: "GraphQL websocket connections open",
-        initial: NO_LABELS,
-    },
-    Metric {
         name: "pulse_job_processed_total",
         kind: MetricKind::Counter,
         help: "Job stream entries handled and acknowledged, by job",

@@ -1,10 +1,17 @@
 //! `pulse-bench search`: the embedded search index at scale, in this process (no HTTP: what is
 //! measured is the index and its indexer, with the server's own code).
 //!
-//! 1. Load `--articles` articles into a fresh SQL database (mixed Chinese and English text).
+//! 1. Load `--articles` articles into a fresh SQL database: titles of 6 words and bodies of 60,
+//!    half Chinese and half English, drawn from a vocabulary of `--vocabulary` made-up words
+//!    (Chinese words of two characters, English ones of two or three syllables) with
+//!    Zipf-distributed frequencies (`--zipf`), all generated from `--seed`, so a run is
+//!    repeatable and needs no downloaded data. `--narrow` draws uniformly from the 40 words of the
+//!    first runs instead, where every query matches about 80% of the articles: the worst case.
 //! 2. Build a replica from SQL (the indexer's rebuild): time, and the index's size on disk.
 //! 3. Queries at a fixed rate, every common shape (a Chinese word, an English word, two words, a
-//!    phrase, Chinese and English) under every sort (relevance, views, newest) in turn: latency
+//!    phrase, Chinese and English; in the Zipf corpus words of rank 3, 41 and 601, a frequent
+//!    pair, a phrase of the two most frequent English words) under every sort (relevance, views,
+//!    newest) in turn: latency
 //!    from each query's scheduled start, so a slow one delays the count, not the schedule; p50/p99
 //!    per shape and per sort.
 //! 4. View flush batches stream in (`--batch-articles` articles each, every `--batch-every`, each
@@ -12,6 +19,8 @@
 //!    documents the indexer wrote per second (and per second of its own busy time, its ceiling),
 //!    freshness (a batch's commit to its replica commit), query latency under that load, and that
 //!    the replica equals SQL afterwards.
+//! 5. The replica reopened as after a restart: the time to open it and to load its counts from
+//!    SQL at its first step, and that it still equals SQL.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +32,8 @@ use pulse::entities::{articles, users};
 use pulse::search::index::{DocumentStore as _, EmbeddedIndex, Search, Sort};
 use pulse::search::indexer::{Indexer, IndexerSettings, document};
 use pulse::search::query::SearchQuery;
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
 use sea_orm::sea_query::{Expr, ExprTrait as _};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait as _, DatabaseConnection, EntityTrait as _, QueryFilter as _,
@@ -57,6 +68,19 @@ pub struct SearchArgs {
     /// own; unset: a SQLite file.
     #[arg(long)]
     pub database_url: Option<String>,
+    /// Words in the corpus's vocabulary, half Chinese and half English.
+    #[arg(long, default_value_t = 20_000)]
+    pub vocabulary: usize,
+    /// The exponent of the words' Zipf distribution: the word of rank r is drawn in proportion
+    /// to 1 / r^zipf.
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf: f64,
+    /// Seeds the vocabulary and the articles.
+    #[arg(long, default_value_t = 24)]
+    pub seed: u64,
+    /// The first runs' corpus: 40 words drawn uniformly, every query matching most articles.
+    #[arg(long)]
+    pub narrow: bool,
 }
 
 const ZH: &[&str] = &[
@@ -103,8 +127,8 @@ const EN: &[&str] = &[
     "shard",
     "commit",
 ];
-/// The common query shapes, each with the queries that stand for it.
-const SHAPES: &[(&str, &[&str])] = &[
+/// The narrow corpus's query shapes, each with the queries that stand for it.
+const NARROW_SHAPES: &[(&str, &[&str])] = &[
     ("a Chinese word", &["浏览量", "计数"]),
     ("an English word (stemmed)", &["count", "replicas"]),
     ("two words", &["redis cache", "分布式 一致性"]),
@@ -117,20 +141,166 @@ const SORTS: [(&str, Sort); 3] = [
     ("NEWEST", Sort::Newest),
 ];
 
-fn text(words: usize) -> String {
-    (0..words)
-        .map(|_| {
-            if rand::random::<bool>() {
-                ZH[rand::random_range(0..ZH.len())]
-            } else {
-                EN[rand::random_range(0..EN.len())]
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+/// Characters the made-up Chinese words are paired from: common ones, so jieba's dictionary and
+/// model see text like the seeds', though the pairs mean nothing.
+const HANZI: &str = "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动\
+    同工也能下过子说产种面而方后多定行学法所民得经十三之进着等部度家电力里如水化高自二理起小物现实\
+    加量都两体制机当使点从业本去把性好应开它合还因由其些然前外天政四日那社义事平形相全表间样与关各\
+    重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军很情者最立代想已\
+    通并提直题党程展五果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组\
+    见计别她手角期根论运农指几九区强放决西被干做必战先回则任取据处队南给色光门即保治北造百规热领七\
+    海口东导器压志世金增争济阶油思术极交受联什认六共权收证改清己美再采转更单风切打白教速花带安场身";
+
+const ONSETS: &[&str] = &[
+    "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br",
+    "ch", "cl", "dr", "fl", "gr", "pl", "pr", "sh", "sl", "st", "th", "tr",
+];
+const VOWELS: &[&str] = &["a", "e", "i", "o", "u", "ai", "ea", "ee", "oa", "ou"];
+const CODAS: &[&str] = &["", "", "", "n", "r", "l", "m", "ck", "nd", "st", "x"];
+
+/// The corpus's words, each list most frequent first, and how often each rank is drawn.
+struct Vocabulary {
+    zh: Vec<String>,
+    en: Vec<String>,
+    /// Cumulative weights of the ranks of either list, ending at 1.
+    cumulative: Vec<f64>,
 }
 
-async fn load_articles(db: &DatabaseConnection, count: u64) -> anyhow::Result<()> {
+impl Vocabulary {
+    fn narrow() -> Self {
+        let uniform = (1..=ZH.len())
+            .map(|rank| rank as f64 / ZH.len() as f64)
+            .collect();
+        Self {
+            zh: ZH.iter().map(|word| (*word).to_owned()).collect(),
+            en: EN.iter().map(|word| (*word).to_owned()).collect(),
+            cumulative: uniform,
+        }
+    }
+
+    /// `size` distinct made-up words from `rng`, half Chinese and half English, ranked in the
+    /// order they were made.
+    fn zipf(size: usize, exponent: f64, rng: &mut StdRng) -> Self {
+        let per_language = (size / 2).max(1);
+        let hanzi: Vec<char> = HANZI.chars().filter(|c| !c.is_whitespace()).collect();
+        let possible = hanzi.len() * hanzi.len();
+        let mut seen = std::collections::HashSet::new();
+        let mut zh = Vec::with_capacity(per_language);
+        while zh.len() < per_language.min(possible) {
+            let word: String = [
+                hanzi[rng.random_range(0..hanzi.len())],
+                hanzi[rng.random_range(0..hanzi.len())],
+            ]
+            .into_iter()
+            .collect();
+            if seen.insert(word.clone()) {
+                zh.push(word);
+            }
+        }
+        let mut en = Vec::with_capacity(per_language);
+        while en.len() < per_language {
+            let syllables = rng.random_range(2..=3);
+            let word: String = (0..syllables)
+                .map(|_| {
+                    [
+                        ONSETS[rng.random_range(0..ONSETS.len())],
+                        VOWELS[rng.random_range(0..VOWELS.len())],
+                        CODAS[rng.random_range(0..CODAS.len())],
+                    ]
+                    .concat()
+                })
+                .collect();
+            if seen.insert(word.clone()) {
+                en.push(word);
+            }
+        }
+        let ranks = zh.len().min(en.len());
+        zh.truncate(ranks);
+        en.truncate(ranks);
+        let weights: Vec<f64> = (1..=ranks)
+            .map(|rank| 1.0 / (rank as f64).powf(exponent))
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let mut running = 0.0;
+        let cumulative = weights
+            .iter()
+            .map(|weight| {
+                running += weight / total;
+                running
+            })
+            .collect();
+        Self { zh, en, cumulative }
+    }
+
+    fn word(&self, rng: &mut StdRng) -> &str {
+        let draw: f64 = rng.random();
+        let rank = self
+            .cumulative
+            .partition_point(|&cumulative| cumulative < draw)
+            .min(self.cumulative.len() - 1);
+        if rng.random::<bool>() {
+            &self.zh[rank]
+        } else {
+            &self.en[rank]
+        }
+    }
+
+    fn text(&self, words: usize, rng: &mut StdRng) -> String {
+        (0..words)
+            .map(|_| self.word(rng))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The query shapes of this corpus, each with the queries that stand for it.
+    fn shapes(&self, narrow: bool) -> Vec<(String, Vec<String>)> {
+        if narrow {
+            return NARROW_SHAPES
+                .iter()
+                .map(|(name, queries)| {
+                    (
+                        (*name).to_owned(),
+                        queries.iter().map(|query| (*query).to_owned()).collect(),
+                    )
+                })
+                .collect();
+        }
+        let at = |words: &[String], rank: usize| words[rank.min(words.len() - 1)].clone();
+        let (zh, en) = (&self.zh, &self.en);
+        vec![
+            (
+                "a Chinese word (rank 3, 41, 601)".to_owned(),
+                vec![at(zh, 2), at(zh, 40), at(zh, 600)],
+            ),
+            (
+                "an English word (rank 3, 41, 601)".to_owned(),
+                vec![at(en, 2), at(en, 40), at(en, 600)],
+            ),
+            (
+                "two words (rank 6 and 31)".to_owned(),
+                vec![
+                    format!("{} {}", at(en, 5), at(en, 30)),
+                    format!("{} {}", at(zh, 5), at(zh, 30)),
+                ],
+            ),
+            (
+                "a phrase (rank 1 and 2)".to_owned(),
+                vec![format!("\"{} {}\"", at(en, 0), at(en, 1))],
+            ),
+            (
+                "Chinese and English (rank 11)".to_owned(),
+                vec![format!("{} {}", at(zh, 10), at(en, 10))],
+            ),
+        ]
+    }
+}
+
+async fn load_articles(
+    db: &DatabaseConnection,
+    count: u64,
+    vocabulary: &Vocabulary,
+    rng: &mut StdRng,
+) -> anyhow::Result<()> {
     let now = pulse::db::now();
     users::Entity::insert(users::ActiveModel {
         handle: Set("bench-author".into()),
@@ -153,10 +323,10 @@ async fn load_articles(db: &DatabaseConnection, count: u64) -> anyhow::Result<()
             let rows: Vec<articles::ActiveModel> = (0..std::cmp::min(500, count - loaded))
                 .map(|i| articles::ActiveModel {
                     author_id: Set(author),
-                    title: Set(text(6)),
-                    body: Set(text(60)),
-                    view_count: Set(rand::random_range(0..10_000)),
-                    like_count: Set(rand::random_range(0..1_000)),
+                    title: Set(vocabulary.text(6, rng)),
+                    body: Set(vocabulary.text(60, rng)),
+                    view_count: Set(rng.random_range(0..10_000)),
+                    like_count: Set(rng.random_range(0..1_000)),
                     created_at: Set(now - chrono::TimeDelta::seconds((count - loaded - i) as i64)),
                     updated_at: Set(now),
                     ..Default::default()
@@ -201,7 +371,12 @@ fn histogram() -> Histogram<u64> {
 
 /// Queries at `rate` for `duration`: query n has shape n mod the shapes, and the sort after it,
 /// so every shape meets every sort.
-async fn query_phase(index: &EmbeddedIndex, rate: f64, duration: Duration) -> Latencies {
+async fn query_phase(
+    index: &EmbeddedIndex,
+    shapes: &[(String, Vec<String>)],
+    rate: f64,
+    duration: Duration,
+) -> Latencies {
     let interval = Duration::from_secs_f64(1.0 / rate);
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -210,10 +385,10 @@ async fn query_phase(index: &EmbeddedIndex, rate: f64, duration: Duration) -> La
         let scheduled = started + interval * n as u32;
         tokio::time::sleep_until(scheduled.into()).await;
         let index = index.clone();
-        let shape = n % SHAPES.len();
-        let sort = (n / SHAPES.len()) % SORTS.len();
-        let queries = SHAPES[shape].1;
-        let text = queries[(n / (SHAPES.len() * SORTS.len())) % queries.len()];
+        let shape = n % shapes.len();
+        let sort = (n / shapes.len()) % SORTS.len();
+        let queries = &shapes[shape].1;
+        let text = &queries[(n / (shapes.len() * SORTS.len())) % queries.len()];
         let query = SearchQuery::parse(text).expect("the bench's queries parse");
         tasks.push(tokio::task::spawn_blocking(move || {
             let hits = index
@@ -234,7 +409,7 @@ async fn query_phase(index: &EmbeddedIndex, rate: f64, duration: Duration) -> La
     }
     let mut latencies = Latencies {
         all: histogram(),
-        by_shape: SHAPES.iter().map(|_| histogram()).collect(),
+        by_shape: shapes.iter().map(|_| histogram()).collect(),
         by_sort: SORTS.iter().map(|_| histogram()).collect(),
         hits: 0,
     };
@@ -304,7 +479,14 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
     let db = pulse::db::connect(&database.url, Duration::from_secs(30)).await?;
     pulse::db::migrate(&db).await?;
     let loading = Instant::now();
-    load_articles(&db, args.articles).await?;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let vocabulary = if args.narrow {
+        Vocabulary::narrow()
+    } else {
+        Vocabulary::zipf(args.vocabulary, args.zipf, &mut rng)
+    };
+    let shapes = vocabulary.shapes(args.narrow);
+    load_articles(&db, args.articles, &vocabulary, &mut rng).await?;
     let loaded_in = loading.elapsed();
 
     let dir = std::env::temp_dir().join(format!("pulse-bench-search-{}", crate::random_hex(8)));
@@ -321,7 +503,7 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
     let built_in = building.elapsed();
     let size = dir_size(&dir);
 
-    let idle = query_phase(&index, args.query_rate, args.duration).await;
+    let idle = query_phase(&index, &shapes, args.query_rate, args.duration).await;
 
     // The view stream, with the indexer following it as the server's does until the stream has
     // stopped and every batch is applied.
@@ -381,7 +563,7 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         })
     };
     let streaming = Instant::now();
-    let loaded = query_phase(&index, args.query_rate, args.duration).await;
+    let loaded = query_phase(&index, &shapes, args.query_rate, args.duration).await;
     stop.cancel();
     let written = writer.await??;
     let stream_secs = streaming.elapsed().as_secs_f64();
@@ -396,6 +578,17 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         .map(document)
         .collect();
     let equal = index.all_documents()? == sql;
+    // A restart: the writer's lock goes with the last handle on the index; the reopened replica
+    // reads its digests from the index and, at its first step, its counts from SQL.
+    drop((indexer, index));
+    let reopening = Instant::now();
+    let index = EmbeddedIndex::open(&dir)?;
+    let opened_in = reopening.elapsed();
+    let indexer = Indexer::new(db.clone(), Arc::new(index.clone()), settings);
+    let stepped = indexer.step().await?;
+    let counts_in = reopening.elapsed() - opened_in;
+    let equal = equal && !stepped.rebuilt && index.all_documents()? == sql;
+    drop(indexer);
 
     let mut rows = vec![
         (
@@ -422,9 +615,9 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
             format!("{} | {}", p50_p99(&idle.all), p50_p99(&loaded.all)),
         ),
     ];
-    for (shape, (name, _)) in SHAPES.iter().enumerate() {
+    for (shape, (name, queries)) in shapes.iter().enumerate() {
         rows.push((
-            format!("  {name}"),
+            format!("  {name}: {}", queries.join(" | ")),
             format!(
                 "{} | {}",
                 p50_p99(&idle.by_shape[shape]),
@@ -482,7 +675,18 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
                 args.poll
             ),
         ),
-        ("replica equals SQL after".to_owned(), equal.to_string()),
+        (
+            "replica reopened: open | counts loaded from SQL".to_owned(),
+            format!(
+                "{:.2} s | {:.2} s",
+                opened_in.as_secs_f64(),
+                counts_in.as_secs_f64()
+            ),
+        ),
+        (
+            "replica equals SQL after (and reopened)".to_owned(),
+            equal.to_string(),
+        ),
     ]);
     let rows: Vec<(&str, String)> = rows
         .iter()
@@ -490,10 +694,20 @@ pub async fn run(args: SearchArgs) -> anyhow::Result<()> {
         .collect();
     print_table(
         &format!(
-            "pulse-bench search: {} articles on {}, embedded index, query rate {}/s",
+            "pulse-bench search: {} articles on {}, embedded index, query rate {}/s, {}",
             thousands(args.articles as f64),
             database.backend(),
-            args.query_rate
+            args.query_rate,
+            if args.narrow {
+                "narrow corpus (40 words, uniform)".to_owned()
+            } else {
+                format!(
+                    "{} words (Zipf {}, seed {})",
+                    thousands((vocabulary.zh.len() + vocabulary.en.len()) as f64),
+                    args.zipf,
+                    args.seed
+                )
+            }
         ),
         &rows,
     );

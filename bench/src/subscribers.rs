@@ -823,7 +823,7 @@ async fn measure(
     tokio::time::sleep(idle).await;
     let idle_server_cpu = (cpu_ticks(&pid)? - idle_ticks) as f64 / ticks;
     let (rss_idle, _) = memory(&pid)?;
-    let open_websockets = metric(http, server, "pulse_websockets_open").await?;
+    let open_websockets = metric(http, server, "pulse_live_sockets_open").await?;
 
     eprintln!("{} at {rate}/s for {duration:?} ...", part.mutation());
     let work_metric = match part {

@@ -14,7 +14,7 @@ use crate::error::{AppError, AppResult};
 use crate::feed::publications::Relay;
 use crate::keys::ArticleKeys;
 use crate::pagination::{Page, PageRequest, Position, Walk};
-use crate::realtime::{Confirmations, Hub, HubSubscription, Replay, Resume, resumable};
+use crate::realtime::{Confirmations, Hub, HubSubscription, Replay, Resume, Sharding, resumable};
 use crate::redis::Redis;
 use crate::scripts::SCRIPTS;
 use crate::text::{Controls, TextRule, Trim};
@@ -179,6 +179,7 @@ impl ArticleService {
             .arg(self.replay_limit)
             .arg(article.id)
             .arg(payload)
+            .arg(self.redis.target.sharded_publish())
             .invoke_async::<i64>(&mut conn)
             .await;
         if let Err(err) = published {
@@ -213,9 +214,10 @@ impl ArticleService {
             Some(_) => known,
             None => newest,
         };
-        let subscription: HubSubscription = self
-            .hub
-            .subscribe(self.redis.keys.articles_published_channel());
+        let subscription: HubSubscription = self.hub.subscribe_as(
+            self.redis.keys.articles_published_channel(),
+            Sharding::Sharded,
+        );
         let confirmations = Confirmations::new(vec![subscription.confirmations()]);
         let arrivals = subscription.filter_map(move |payload| async move {
             let (of, position, article) = announced(&payload)

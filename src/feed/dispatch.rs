@@ -65,7 +65,10 @@ impl Dispatcher {
                 let channel = store.redis.keys.feed_author_channel(author);
                 let mut pipe = redis::pipe();
                 for &article in &articles {
-                    pipe.publish(&channel, article).ignore();
+                    pipe.cmd(store.redis.target.sharded_publish())
+                        .arg(&channel)
+                        .arg(article)
+                        .ignore();
                 }
                 let mut conn = store.redis.conn.clone();
                 let () = pipe.query_async(&mut conn).await?;

@@ -22,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 const OPEN_CONNECTIONS: &str = "pulse_http_connections_open";
-const OPEN_WEBSOCKETS: &str = "pulse_websockets_open";
 const REQUESTS_IN_FLIGHT: &str = "pulse_http_requests_in_flight";
 
 /// The open connections of one server, counted for operators (the `/metrics` gauges) and tests.
@@ -109,7 +108,6 @@ impl ConnectionSlot {
             .0
             .websockets
             .fetch_add(1, Ordering::Relaxed);
-        metrics::gauge!(OPEN_WEBSOCKETS).increment(1.0);
         OpenWebsocket(self)
     }
 }
@@ -129,7 +127,6 @@ impl Drop for OpenWebsocket {
     fn drop(&mut self) {
         let connections = &self.0.0.connections;
         connections.0.websockets.fetch_sub(1, Ordering::Relaxed);
-        metrics::gauge!(OPEN_WEBSOCKETS).decrement(1.0);
     }
 }
 

@@ -2,8 +2,13 @@
 
 use super::{Keys, LikeKeys as _, ViewKeys as _};
 
+/// The hash tag of the journal of publications and of their channel: the announcing script
+/// touches both, so on a cluster it publishes with `SPUBLISH` in the journal's slot.
+const PUBLICATIONS_TAG: &str = "{pub}";
+
 pub trait ArticleKeys {
-    /// Pub/sub channel announcing newly published articles.
+    /// Pub/sub channel announcing newly published articles, in the slot of
+    /// [`Self::articles_journal`] (`SPUBLISH` on a cluster).
     fn articles_published_channel(&self) -> String;
 
     /// Sorted set article id → position: publications in the order they were announced, 1, 2,
@@ -21,11 +26,14 @@ pub trait ArticleKeys {
 
 impl ArticleKeys for Keys {
     fn articles_published_channel(&self) -> String {
-        format!("{}events:articles:published", self.prefix())
+        format!(
+            "{}events:articles:published:{PUBLICATIONS_TAG}",
+            self.prefix()
+        )
     }
 
     fn articles_journal(&self) -> String {
-        format!("{}articles:journal", self.prefix())
+        format!("{}articles:journal:{PUBLICATIONS_TAG}", self.prefix())
     }
 
     fn article_stats_channels(&self, article: i64) -> Vec<String> {
@@ -45,6 +53,13 @@ mod tests {
         let keys = Keys::new("t1:");
         assert!(keys.articles_published_channel().starts_with("t1:"));
         assert!(keys.articles_journal().starts_with("t1:"));
+        for name in [keys.articles_published_channel(), keys.articles_journal()] {
+            assert_eq!(name.matches('{').count(), 1, "{name} has more than one tag");
+            assert!(
+                name.ends_with(":{pub}"),
+                "{name} is not in the journal's slot"
+            );
+        }
         let channels = keys.article_stats_channels(4);
         assert_eq!(channels.len(), 2);
         assert!(channels.iter().all(|channel| channel.starts_with("t1:")));

@@ -30,11 +30,14 @@ pub trait FeedKeys {
     /// The feed keys of `user`. See [`FeedUserKeys`].
     fn feed_user(&self, user: i64) -> FeedUserKeys<'_>;
 
-    /// Pub/sub channel of the new items of `user`'s feed (article ids).
+    /// Pub/sub channel of the new items of `user`'s feed (article ids). In the slot of the user's
+    /// feed keys, so the delivery script announces with `SPUBLISH` on a cluster, which only the
+    /// slot's master and replicas carry.
     fn feed_channel(&self, user: i64) -> String;
 
     /// Pub/sub channel of the new articles of `author`, a celebrity whose followers are not fanned
-    /// out to: their subscribers listen here.
+    /// out to: their subscribers listen here. Sharded like [`Self::feed_channel`], in the slot of
+    /// the author's own feed keys.
     fn feed_author_channel(&self, author: i64) -> String;
 
     /// Sorted set follower id → follower id: the followers of `author` in feed shard `shard` who
@@ -58,11 +61,19 @@ impl FeedKeys for Keys {
     }
 
     fn feed_channel(&self, user: i64) -> String {
-        format!("{}events:feed:{user}", self.prefix())
+        format!(
+            "{}events:feed:{user}:{{f:{}}}",
+            self.prefix(),
+            feed_shard(user)
+        )
     }
 
     fn feed_author_channel(&self, author: i64) -> String {
-        format!("{}events:feed-author:{author}", self.prefix())
+        format!(
+            "{}events:feed-author:{author}:{{f:{}}}",
+            self.prefix(),
+            feed_shard(author)
+        )
     }
 
     fn feed_audience(&self, author: i64, shard: u32) -> String {
@@ -179,6 +190,19 @@ mod tests {
                 "{key} parsed as {name}"
             );
         }
+        // The channels share the slot of the keys whose scripts announce on them.
+        for channel in [keys.feed_channel(42), keys.feed_author_channel(42)] {
+            assert!(
+                channel.starts_with("p:events:"),
+                "{channel} lacks the prefix"
+            );
+            assert!(
+                channel.ends_with(":42:{f:10}"),
+                "{channel} is not in 42's shard"
+            );
+            assert_eq!(FeedUserKeys::parse("p:", &channel), None);
+        }
+        assert_ne!(keys.feed_channel(42), keys.feed_author_channel(42));
         assert_ne!(user.inbox(), keys.feed_user(43).inbox());
         assert!(
             keys.feed_user(74).inbox().ends_with(":74:{f:10}"),

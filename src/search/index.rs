@@ -4,28 +4,37 @@
 //! A commit carries the indexer's position ([`Applied`]) as its payload, so the documents and how
 //! far they go are one atomic step: after a crash, the index reopens at its last commit with the
 //! position of exactly that commit.
+//!
+//! Views and likes are not in the documents but in a [`CountTable`] beside them, published with
+//! each commit, so a count change rewrites no document (see `counts.rs`). The table is not
+//! persisted: a reopened index loads it from SQL ([`DocumentStore::load_counts`]) before it
+//! applies anything, which gives counts at least as new as the committed position, and the rows
+//! after that position then write the same absolute values again.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 use tantivy::collector::{Collector, SegmentCollector};
 use tantivy::columnar::Column;
-use tantivy::directory::MmapDirectory;
+use tantivy::directory::{Directory as _, INDEX_WRITER_LOCK, MmapDirectory};
 use tantivy::query::{BooleanQuery, BoostQuery, PhraseQuery, Query, TermQuery};
 use tantivy::schema::{
     FAST, Field, INDEXED, IndexRecordOption, STORED, Schema, TextFieldIndexing, TextOptions, Value,
 };
 use tantivy::snippet::SnippetGenerator;
 use tantivy::{
-    DocAddress, DocId, Index, IndexReader, IndexWriter, ReloadPolicy, Score, Searcher,
-    SegmentOrdinal, SegmentReader, TantivyDocument, Term,
+    DocAddress, DocId, Index, IndexReader, IndexSettings, IndexWriter, ReloadPolicy, Score,
+    Searcher, SegmentOrdinal, SegmentReader, TantivyDocument, Term,
 };
 
+use super::counts::{CountTable, Counts};
 use super::query::SearchQuery;
 use super::tokenizer::{DOCUMENT_ANALYZER, document_analyzer, snippet_analyzer};
 
@@ -94,6 +103,16 @@ pub trait DocumentStore: Send + Sync {
     async fn commit(&self, applied: &Applied) -> anyhow::Result<()>;
     /// Drops what was staged since the last commit.
     async fn abandon(&self) -> anyhow::Result<()>;
+    /// Whether the store needs every article's counts from SQL before it applies outbox rows:
+    /// one that keeps them outside its committed state, opened on an index it did not build.
+    async fn wants_counts(&self) -> anyhow::Result<bool> {
+        Ok(false)
+    }
+    /// Every article's counts as SQL holds them now, read after the store was opened (so at
+    /// least as new as its committed position); visible at once.
+    async fn load_counts(&self, _counts: Vec<(i64, Counts)>) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -102,17 +121,15 @@ struct Fields {
     author: Field,
     title: Field,
     body: Field,
-    views: Field,
-    likes: Field,
     created: Field,
     updated: Field,
+    content: Field,
 }
 
 const ID: &str = "id";
 const AUTHOR: &str = "author_id";
-const VIEWS: &str = "view_count";
-const LIKES: &str = "like_count";
 const CREATED: &str = "created_at";
+const CONTENT: &str = "content";
 
 fn schema() -> (Schema, Fields) {
     let mut builder = Schema::builder();
@@ -126,10 +143,11 @@ fn schema() -> (Schema, Fields) {
         author: builder.add_i64_field(AUTHOR, STORED | FAST),
         title: builder.add_text_field("title", text.clone()),
         body: builder.add_text_field("body", text),
-        views: builder.add_i64_field(VIEWS, STORED | FAST),
-        likes: builder.add_i64_field(LIKES, STORED | FAST),
         created: builder.add_i64_field(CREATED, STORED | FAST),
         updated: builder.add_i64_field("updated_at", STORED),
+        // A digest of everything above: an upsert whose digest the index already holds changes
+        // counts only, and leaves the document alone.
+        content: builder.add_i64_field(CONTENT, FAST),
     };
     (builder.build(), fields)
 }
@@ -178,21 +196,28 @@ pub struct Hits {
     pub hits: Vec<Hit>,
 }
 
-/// Searchers kept for the cursors issued from them: a walk's later pages read the same documents
-/// as its first (no repeats or skips while counts change between pages) for as long as the
-/// snapshot is kept, in this process. A cursor whose snapshot is gone (idle too long, pushed out
-/// by newer ones, or read by another process's replica) continues from its (key, id) on the
-/// current documents: a document whose key moved across the cursor since may then repeat or be
-/// missed.
+/// What searches read: the documents of one commit and the counts published with it.
+struct View {
+    searcher: Searcher,
+    counts: Arc<CountTable>,
+    /// Raised at every publish: a commit of counts alone leaves the searcher's generation as it
+    /// was, but not what a search ranks by.
+    version: u64,
+}
+
+/// Views kept for the cursors issued from them: a walk's later pages read the same documents and
+/// counts as its first (no repeats or skips while counts change between pages) for as long as the
+/// view is kept, in this process. A cursor whose view is gone (idle too long, pushed out by newer
+/// ones, or read by another process's replica) continues from its (key, id) on the current
+/// view: a document whose key moved across the cursor since may then repeat or be missed.
 struct Snapshots {
-    kept: HashMap<u64, (Searcher, Instant)>,
-    by_generation: HashMap<u64, u64>,
+    kept: HashMap<u64, (Arc<View>, Instant)>,
+    by_version: HashMap<u64, u64>,
 }
 
 impl Snapshots {
-    fn token_for(&mut self, searcher: &Searcher) -> u64 {
-        let generation = searcher.generation().generation_id();
-        if let Some(token) = self.by_generation.get(&generation)
+    fn token_for(&mut self, view: &Arc<View>) -> u64 {
+        if let Some(token) = self.by_version.get(&view.version)
             && let Some((_, used)) = self.kept.get_mut(token)
         {
             *used = Instant::now();
@@ -211,21 +236,67 @@ impl Snapshots {
             }
         }
         let live: std::collections::HashSet<u64> = self.kept.keys().copied().collect();
-        self.by_generation.retain(|_, token| live.contains(token));
+        self.by_version.retain(|_, token| live.contains(token));
         let token = rand::random::<u64>() | 1;
-        self.kept.insert(token, (searcher.clone(), Instant::now()));
-        self.by_generation.insert(generation, token);
+        self.kept.insert(token, (view.clone(), Instant::now()));
+        self.by_version.insert(view.version, token);
         token
     }
 
-    fn get(&mut self, token: u64) -> Option<Searcher> {
-        let (searcher, used) = self.kept.get_mut(&token)?;
+    fn get(&mut self, token: u64) -> Option<Arc<View>> {
+        let (view, used) = self.kept.get_mut(&token)?;
         if used.elapsed() >= SNAPSHOT_IDLE {
             return None;
         }
         *used = Instant::now();
-        Some(searcher.clone())
+        Some(view.clone())
     }
+}
+
+/// What was staged since the last commit, beside the writer's own queue.
+#[derive(Default)]
+struct Staged {
+    /// Every document was removed (a rebuild).
+    cleared: bool,
+    /// Content digests of the documents written (`None`: removed).
+    content: HashMap<i64, Option<i64>>,
+    counts: HashMap<i64, Option<Counts>>,
+}
+
+/// The writer and what it knows of the committed documents, under one lock.
+struct Writing {
+    writer: IndexWriter<TantivyDocument>,
+    /// The content digest of every committed document, by article id.
+    indexed: HashMap<i64, i64>,
+    staged: Staged,
+}
+
+impl Writing {
+    /// The digest of the document `id` as the staged changes leave it.
+    fn content(&self, id: i64) -> Option<i64> {
+        match self.staged.content.get(&id) {
+            Some(content) => *content,
+            None if self.staged.cleared => None,
+            None => self.indexed.get(&id).copied(),
+        }
+    }
+}
+
+/// A digest of what an article's document holds besides its counts.
+fn content_digest(article: &ArticleDoc) -> i64 {
+    let mut hasher = Sha256::new();
+    for number in [article.author_id, article.created_at, article.updated_at] {
+        hasher.update(number.to_le_bytes());
+    }
+    hasher.update((article.title.len() as u64).to_le_bytes());
+    hasher.update(article.title.as_bytes());
+    hasher.update(article.body.as_bytes());
+    let digest = hasher.finalize();
+    i64::from_le_bytes(
+        digest[..8]
+            .try_into()
+            .expect("a SHA-256 digest has 8 bytes"),
+    )
 }
 
 fn held_by_another_process(err: &anyhow::Error) -> bool {
@@ -243,8 +314,14 @@ pub struct EmbeddedIndex {
     index: Index,
     fields: Fields,
     reader: IndexReader,
-    writer: Arc<Mutex<IndexWriter<TantivyDocument>>>,
+    writing: Arc<Mutex<Writing>>,
+    current: Arc<RwLock<Arc<View>>>,
+    /// Whether the counts are complete: built by this process or loaded from SQL since it opened
+    /// the index.
+    counts_ready: Arc<tokio::sync::watch::Sender<bool>>,
     snapshots: Arc<Mutex<Snapshots>>,
+    /// Documents written (added or replaced) since this process opened the index.
+    written: Arc<AtomicU64>,
 }
 
 /// Replicas one search dir may hold: processes that share a data dir (several API processes on
@@ -273,19 +350,33 @@ impl EmbeddedIndex {
     }
 
     /// Opens (or creates) the index in `dir`. Fails when another process holds it: each process
-    /// keeps its own replica in its own directory.
+    /// keeps its own replica in its own directory. An index of another schema (an older
+    /// release's) is replaced by an empty one, which the indexer then rebuilds from SQL.
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the search dir {}", dir.display()))?;
         let (schema, fields) = schema();
         let directory = MmapDirectory::open(dir)
             .with_context(|| format!("cannot open the search dir {}", dir.display()))?;
-        let index = Index::open_or_create(directory, schema.clone()).with_context(|| {
-            format!(
-                "the search dir {} holds an index of another schema; remove it to rebuild",
-                dir.display()
-            )
-        })?;
+        let index = match Index::open_or_create(directory.clone(), schema.clone()) {
+            Err(tantivy::TantivyError::SchemaError(_)) => {
+                let _held = directory
+                    .acquire_lock(&INDEX_WRITER_LOCK)
+                    .with_context(|| {
+                        format!(
+                            "cannot lock the search dir {} to replace its index of another schema",
+                            dir.display()
+                        )
+                    })?;
+                tracing::warn!(
+                    dir = %dir.display(),
+                    "the search replica holds an index of another schema; starting it anew"
+                );
+                Index::create(directory, schema, IndexSettings::default())?
+            }
+            opened => opened
+                .with_context(|| format!("cannot open the search index in {}", dir.display()))?,
+        };
         index
             .tokenizers()
             .register(DOCUMENT_ANALYZER, document_analyzer());
@@ -300,20 +391,33 @@ impl EmbeddedIndex {
             .reader_builder()
             .reload_policy(ReloadPolicy::Manual)
             .try_into()?;
+        let searcher = reader.searcher();
+        let indexed = committed_contents(&searcher)?;
         Ok(Self {
             index,
             fields,
             reader,
-            writer: Arc::new(Mutex::new(writer)),
+            writing: Arc::new(Mutex::new(Writing {
+                writer,
+                indexed,
+                staged: Staged::default(),
+            })),
+            current: Arc::new(RwLock::new(Arc::new(View {
+                searcher,
+                counts: Arc::default(),
+                version: 0,
+            }))),
+            counts_ready: Arc::new(tokio::sync::watch::Sender::new(false)),
             snapshots: Arc::new(Mutex::new(Snapshots {
                 kept: HashMap::new(),
-                by_generation: HashMap::new(),
+                by_version: HashMap::new(),
             })),
+            written: Arc::default(),
         })
     }
 
-    fn writer(&self) -> std::sync::MutexGuard<'_, IndexWriter<TantivyDocument>> {
-        self.writer
+    fn writing(&self) -> std::sync::MutexGuard<'_, Writing> {
+        self.writing
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -324,6 +428,50 @@ impl EmbeddedIndex {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn current(&self) -> Arc<View> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Makes the last commit's documents visible with `counts`. Called with the writer's lock
+    /// held, so views are published in the order of the commits.
+    fn publish(&self, counts: CountTable) -> anyhow::Result<()> {
+        self.reader.reload()?;
+        let searcher = self.reader.searcher();
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *current = Arc::new(View {
+            searcher,
+            counts: Arc::new(counts),
+            version: current.version + 1,
+        });
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the counts to be complete (see [`DocumentStore::load_counts`]);
+    /// whether they are.
+    pub async fn counts_ready(&self, timeout: Duration) -> bool {
+        let mut ready = self.counts_ready.subscribe();
+        tokio::time::timeout(timeout, ready.wait_for(|ready| *ready))
+            .await
+            .is_ok_and(|ready| ready.is_ok())
+    }
+
+    /// Whether the index holds no document (a replica not built yet).
+    pub fn is_empty(&self) -> bool {
+        self.current().searcher.num_docs() == 0
+    }
+
+    /// Documents written (added or replaced, not counts alone) since this process opened the
+    /// index.
+    pub fn documents_written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
     fn document(&self, article: &ArticleDoc) -> TantivyDocument {
         let f = self.fields;
         let mut doc = TantivyDocument::default();
@@ -331,29 +479,33 @@ impl EmbeddedIndex {
         doc.add_i64(f.author, article.author_id);
         doc.add_text(f.title, &article.title);
         doc.add_text(f.body, &article.body);
-        doc.add_i64(f.views, article.view_count);
-        doc.add_i64(f.likes, article.like_count);
         doc.add_i64(f.created, article.created_at);
         doc.add_i64(f.updated, article.updated_at);
+        doc.add_i64(f.content, content_digest(article));
         doc
     }
 
-    /// Every document, by id: what tests compare with SQL.
+    /// Every document with its counts, by id: what tests compare with SQL.
     pub fn all_documents(&self) -> anyhow::Result<Vec<ArticleDoc>> {
-        let searcher = self.reader.searcher();
+        let view = self.current();
         let mut docs = Vec::new();
-        for (ordinal, segment) in searcher.segment_readers().iter().enumerate() {
+        for (ordinal, segment) in view.searcher.segment_readers().iter().enumerate() {
             for doc in segment.doc_ids_alive() {
-                let stored: TantivyDocument =
-                    searcher.doc(DocAddress::new(ordinal as SegmentOrdinal, doc))?;
-                docs.push(self.read_document(&stored)?);
+                let stored: TantivyDocument = view
+                    .searcher
+                    .doc(DocAddress::new(ordinal as SegmentOrdinal, doc))?;
+                docs.push(self.read_document(&stored, &view.counts)?);
             }
         }
         docs.sort_by_key(|doc| doc.id);
         Ok(docs)
     }
 
-    fn read_document(&self, doc: &TantivyDocument) -> anyhow::Result<ArticleDoc> {
+    fn read_document(
+        &self,
+        doc: &TantivyDocument,
+        counts: &CountTable,
+    ) -> anyhow::Result<ArticleDoc> {
         let f = self.fields;
         let int = |field: Field| {
             doc.get_first(field)
@@ -366,13 +518,15 @@ impl EmbeddedIndex {
                 .map(str::to_owned)
                 .context("a stored document lacks a text")
         };
+        let id = int(f.id)?;
+        let Counts { views, likes } = counts.get(id);
         Ok(ArticleDoc {
-            id: int(f.id)?,
+            id,
             author_id: int(f.author)?,
             title: text(f.title)?,
             body: text(f.body)?,
-            view_count: int(f.views)?,
-            like_count: int(f.likes)?,
+            view_count: views,
+            like_count: likes,
             created_at: int(f.created)?,
             updated_at: int(f.updated)?,
         })
@@ -413,8 +567,9 @@ impl EmbeddedIndex {
         let snapshot = search
             .after
             .and_then(|after| self.snapshots().get(after.snapshot));
-        let searcher = snapshot.unwrap_or_else(|| self.reader.searcher());
-        let token = self.snapshots().token_for(&searcher);
+        let view = snapshot.unwrap_or_else(|| self.current());
+        let token = self.snapshots().token_for(&view);
+        let searcher = &view.searcher;
         if search.query.clauses().is_empty() || search.limit == 0 {
             return Ok(Hits {
                 snapshot: token,
@@ -429,14 +584,15 @@ impl EmbeddedIndex {
             until: search.until,
             after: search.after.map(|after| (after.key, after.id)),
             limit: search.limit,
+            counts: view.counts.clone(),
         };
         let top = searcher.search(query.as_ref(), &collector)?;
-        let titles = snippets(&searcher, query.as_ref(), self.fields.title)?;
-        let bodies = snippets(&searcher, query.as_ref(), self.fields.body)?;
+        let titles = snippets(searcher, query.as_ref(), self.fields.title)?;
+        let bodies = snippets(searcher, query.as_ref(), self.fields.body)?;
         let mut hits = Vec::with_capacity(top.len());
         for ranked in top {
             let doc: TantivyDocument = searcher.doc(ranked.address)?;
-            let article = self.read_document(&doc)?;
+            let article = self.read_document(&doc, &view.counts)?;
             let title = titles.snippet(&article.title);
             let body = bodies.snippet(&article.body);
             hits.push(Hit {
@@ -455,6 +611,21 @@ impl EmbeddedIndex {
             hits,
         })
     }
+}
+
+/// The content digest of every document of `searcher`, by article id.
+fn committed_contents(searcher: &Searcher) -> tantivy::Result<HashMap<i64, i64>> {
+    let mut contents = HashMap::new();
+    for segment in searcher.segment_readers() {
+        let fast = segment.fast_fields();
+        let (ids, digests) = (fast.i64(ID)?, fast.i64(CONTENT)?);
+        for doc in segment.doc_ids_alive() {
+            if let (Some(id), Some(digest)) = (ids.first(doc), digests.first(doc)) {
+                contents.insert(id, digest);
+            }
+        }
+    }
+    Ok(contents)
 }
 
 /// A snippet generator for `field`, weighing the query's terms as `SnippetGenerator::create`
@@ -511,7 +682,7 @@ impl DocumentStore for EmbeddedIndex {
     async fn clear(&self) -> anyhow::Result<()> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            let mut writer = this.writer();
+            let mut writing = this.writing();
             // tantivy's delete_all_documents winds the opstamp counter back to the commit the
             // writer was opened at, not its last one, while deletes of the last commit can
             // still wait in an indexing thread's queue. Their higher opstamps stop that thread
@@ -521,27 +692,53 @@ impl DocumentStore for EmbeddedIndex {
             // search` without article 1). A rollback first leaves a writer as freshly opened: an
             // empty delete queue and the counter at the last commit, where winding back is a
             // no-op.
-            writer.rollback()?;
-            writer.delete_all_documents()?;
+            writing.writer.rollback()?;
+            writing.writer.delete_all_documents()?;
+            writing.staged = Staged {
+                cleared: true,
+                ..Staged::default()
+            };
             Ok(())
         })
         .await?
     }
 
+    /// An upsert whose content the index holds already (a count change) stages its counts
+    /// only; the document is rewritten when its text, author or dates changed.
     async fn stage(&self, changes: Vec<Change>) -> anyhow::Result<()> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            let writer = this.writer();
+            let mut writing = this.writing();
+            let mut written = 0;
             for change in changes {
-                let id = match &change {
-                    Change::Upsert(article) => article.id,
-                    Change::Delete(id) => *id,
-                };
-                writer.delete_term(Term::from_field_i64(this.fields.id, id));
-                if let Change::Upsert(article) = change {
-                    writer.add_document(this.document(&article))?;
+                match change {
+                    Change::Upsert(article) => {
+                        let counts = Counts {
+                            views: article.view_count,
+                            likes: article.like_count,
+                        };
+                        writing.staged.counts.insert(article.id, Some(counts));
+                        let digest = content_digest(&article);
+                        if writing.content(article.id) == Some(digest) {
+                            continue;
+                        }
+                        let id = Term::from_field_i64(this.fields.id, article.id);
+                        writing.writer.delete_term(id);
+                        writing.writer.add_document(this.document(&article))?;
+                        writing.staged.content.insert(article.id, Some(digest));
+                        written += 1;
+                    }
+                    Change::Delete(id) => {
+                        writing
+                            .writer
+                            .delete_term(Term::from_field_i64(this.fields.id, id));
+                        writing.staged.content.insert(id, None);
+                        writing.staged.counts.insert(id, None);
+                    }
                 }
             }
+            this.written.fetch_add(written, Ordering::Relaxed);
+            metrics::counter!("pulse_search_documents_rewritten_total").increment(written);
             Ok(())
         })
         .await?
@@ -551,12 +748,29 @@ impl DocumentStore for EmbeddedIndex {
         let payload = serde_json::to_string(applied)?;
         let this = self.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            let mut writer = this.writer();
-            let mut prepared = writer.prepare_commit()?;
+            let mut writing = this.writing();
+            let mut prepared = writing.writer.prepare_commit()?;
             prepared.set_payload(&payload);
             prepared.commit()?;
-            drop(writer);
-            this.reader.reload()?;
+            let staged = std::mem::take(&mut writing.staged);
+            if staged.cleared {
+                writing.indexed.clear();
+            }
+            for (id, content) in staged.content {
+                match content {
+                    Some(digest) => writing.indexed.insert(id, digest),
+                    None => writing.indexed.remove(&id),
+                };
+            }
+            let counts = if staged.cleared {
+                CountTable::default().with(staged.counts)
+            } else {
+                this.current().counts.with(staged.counts)
+            };
+            this.publish(counts)?;
+            if staged.cleared {
+                this.counts_ready.send_replace(true);
+            }
             Ok(())
         })
         .await?
@@ -564,8 +778,30 @@ impl DocumentStore for EmbeddedIndex {
 
     async fn abandon(&self) -> anyhow::Result<()> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.writer().rollback().map(drop)).await??;
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let mut writing = this.writing();
+            writing.writer.rollback()?;
+            writing.staged = Staged::default();
+            Ok(())
+        })
+        .await??;
         Ok(())
+    }
+
+    async fn wants_counts(&self) -> anyhow::Result<bool> {
+        Ok(!*self.counts_ready.borrow())
+    }
+
+    async fn load_counts(&self, counts: Vec<(i64, Counts)>) -> anyhow::Result<()> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let _writing = this.writing();
+            let loaded = counts.into_iter().map(|(id, counts)| (id, Some(counts)));
+            this.publish(CountTable::default().with(loaded))?;
+            this.counts_ready.send_replace(true);
+            Ok(())
+        })
+        .await?
     }
 }
 
@@ -587,11 +823,19 @@ struct PageCollector {
     until: Option<i64>,
     after: Option<(i64, i64)>,
     limit: usize,
+    counts: Arc<CountTable>,
+}
+
+/// Where a segment's sort key comes from.
+enum SortKeys {
+    Score,
+    Column(Column<i64>),
+    Views(Arc<CountTable>),
+    Likes(Arc<CountTable>),
 }
 
 struct PageSegment {
     ordinal: SegmentOrdinal,
-    sort: Sort,
     author: Option<i64>,
     since: Option<i64>,
     until: Option<i64>,
@@ -600,7 +844,7 @@ struct PageSegment {
     ids: Column<i64>,
     authors: Column<i64>,
     created: Column<i64>,
-    sort_column: Option<Column<i64>>,
+    keys: SortKeys,
     best: BinaryHeap<Reverse<Ranked>>,
 }
 
@@ -614,15 +858,14 @@ impl Collector for PageCollector {
         segment: &SegmentReader,
     ) -> tantivy::Result<PageSegment> {
         let fast = segment.fast_fields();
-        let sort_column = match self.sort {
-            Sort::Relevance => None,
-            Sort::Views => Some(fast.i64(VIEWS)?),
-            Sort::Likes => Some(fast.i64(LIKES)?),
-            Sort::Newest => Some(fast.i64(CREATED)?),
+        let keys = match self.sort {
+            Sort::Relevance => SortKeys::Score,
+            Sort::Views => SortKeys::Views(self.counts.clone()),
+            Sort::Likes => SortKeys::Likes(self.counts.clone()),
+            Sort::Newest => SortKeys::Column(fast.i64(CREATED)?),
         };
         Ok(PageSegment {
             ordinal,
-            sort: self.sort,
             author: self.author,
             since: self.since,
             until: self.until,
@@ -631,7 +874,7 @@ impl Collector for PageCollector {
             ids: fast.i64(ID)?,
             authors: fast.i64(AUTHOR)?,
             created: fast.i64(CREATED)?,
-            sort_column,
+            keys,
             best: BinaryHeap::new(),
         })
     }
@@ -668,9 +911,11 @@ impl SegmentCollector for PageSegment {
                 return;
             }
         }
-        let key = match (&self.sort_column, self.sort) {
-            (Some(column), _) => column.first(doc).unwrap_or(0),
-            (None, _) => i64::from(score.max(0.0).to_bits()),
+        let key = match &self.keys {
+            SortKeys::Score => i64::from(score.max(0.0).to_bits()),
+            SortKeys::Column(column) => column.first(doc).unwrap_or(0),
+            SortKeys::Views(counts) => counts.get(id).views,
+            SortKeys::Likes(counts) => counts.get(id).likes,
         };
         if let Some(after) = self.after
             && (key, id) >= after

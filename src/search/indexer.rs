@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 
+use super::counts::Counts;
 use super::index::{Applied, ArticleDoc, Change, DocumentStore, Gap};
 use super::outbox;
 use crate::entities::articles;
@@ -26,6 +27,8 @@ use crate::entities::articles;
 const MAX_GAPS: usize = 10_000;
 /// Articles read per page while rebuilding.
 const REBUILD_PAGE: u64 = 2_000;
+/// Articles' counts read per page while loading them.
+const COUNTS_PAGE: u64 = 50_000;
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +48,7 @@ pub struct IndexerSettings {
 pub struct Stepped {
     /// Outbox rows applied (gaps that showed up included).
     pub rows: usize,
-    /// Documents written or removed.
+    /// Articles brought up to date: documents written or removed, or counts alone.
     pub documents: usize,
     /// Whether the replica was rebuilt from SQL.
     pub rebuilt: bool,
@@ -156,7 +159,13 @@ impl Indexer {
     #[tracing::instrument(skip_all)]
     pub async fn step(&self) -> anyhow::Result<Stepped> {
         let state = outbox::state(&self.db).await?;
-        let applied = match self.store.applied().await? {
+        let applied = self.store.applied().await?;
+        // Before a rebuild too: until it commits, searches answer from the old documents, and
+        // rank them by these counts.
+        if applied.is_some() && self.store.wants_counts().await? {
+            self.load_counts().await?;
+        }
+        let applied = match applied {
             None => return self.rebuild(state.epoch, "new replica").await,
             Some(applied) if applied.epoch != state.epoch => {
                 return self.rebuild(state.epoch, "rebuild requested").await;
@@ -225,6 +234,34 @@ impl Indexer {
             rebuilt: false,
             more,
         })
+    }
+
+    /// Hands the store every article's counts as SQL has them now: read after the store's
+    /// position, so no older than it, and the rows above the position then write the same
+    /// absolute values again.
+    async fn load_counts(&self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut counts = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = outbox::counts_after(&self.db, after, COUNTS_PAGE).await?;
+            let Some(&(last, _, _)) = page.last() else {
+                break;
+            };
+            after = last;
+            counts.extend(
+                page.into_iter()
+                    .map(|(id, views, likes)| (id, Counts { views, likes })),
+            );
+        }
+        let articles = counts.len();
+        self.store.load_counts(counts).await?;
+        tracing::info!(
+            articles,
+            seconds = started.elapsed().as_secs_f64(),
+            "search replica's counts loaded from SQL"
+        );
+        Ok(())
     }
 
     /// The writes that bring the documents of `articles` to SQL's values.

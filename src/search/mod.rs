@@ -10,6 +10,7 @@
 //! behind the outbox's pruning is rebuilt from SQL. Nothing is lost that SQL has; the index may
 //! lag by the poll interval (and a view by the flush interval before that). Redis plays no part.
 
+pub mod counts;
 pub mod graphql;
 pub mod index;
 pub mod indexer;

@@ -195,3 +195,24 @@ pub async fn articles_after(
         .all(db)
         .await
 }
+
+/// A page of every article's (id, views, likes) by id, for a replica loading its counts.
+pub async fn counts_after(
+    db: &impl ConnectionTrait,
+    after: i64,
+    limit: u64,
+) -> Result<Vec<(i64, i64, i64)>, DbErr> {
+    articles::Entity::find()
+        .select_only()
+        .columns([
+            articles::Column::Id,
+            articles::Column::ViewCount,
+            articles::Column::LikeCount,
+        ])
+        .filter(articles::Column::Id.gt(after))
+        .order_by_asc(articles::Column::Id)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await
+}

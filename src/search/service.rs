@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
@@ -11,6 +12,10 @@ use super::outbox;
 use super::query::SearchQuery;
 use crate::error::{AppError, AppResult};
 use crate::pagination::{Page, PageRequest, Position, SortKey, Walk};
+
+/// How long a search by counts waits for a reopened replica to load them from SQL (one scan of
+/// three columns of `articles`).
+const COUNTS_WAIT: Duration = Duration::from_secs(10);
 
 /// A search cursor's key: the snapshot its walk reads (see `index::Snapshots`) and the sort key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +127,14 @@ impl SearchService {
     #[tracing::instrument(skip_all, fields(sort = ?request.sort))]
     pub async fn search(&self, request: SearchRequest) -> AppResult<Page<Hit>> {
         let index = self.replica()?.clone();
+        if matches!(request.sort, Sort::Views | Sort::Likes)
+            && !index.is_empty()
+            && !index.counts_ready(COUNTS_WAIT).await
+        {
+            return Err(AppError::Internal(
+                "this process's search replica is still loading its counts from SQL".into(),
+            ));
+        }
         let page = request.page;
         let limit = page.fetch_limit() as usize;
         let hits = tokio::task::spawn_blocking(move || {

@@ -454,3 +454,127 @@ async fn a_leaderboard_is_heard_at_its_slots_master_only_and_again_after_that_ma
     let update = two_votes_lead(&app, &mut socket, poll, options[0]).await;
     assert_eq!(update["entries"][0]["option"]["label"], "A");
 }
+
+/// Checks that the reader's feed socket gets `article` and the articles socket its announcement.
+async fn expect_both(
+    feed: &mut crate::subscriptions::Socket,
+    articles: &mut crate::subscriptions::Socket,
+    article: i64,
+    title: &str,
+) {
+    use crate::subscriptions::next_message;
+    let item = next_message(feed)
+        .await
+        .expect("the feed socket stays open");
+    assert_eq!(crate::feed_live::item_id(&item), article, "{item}");
+    let message = next_message(articles)
+        .await
+        .expect("the articles socket stays open");
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"], title,
+        "{message}"
+    );
+}
+
+/// Waits until the hub listens to `channel` with `SSUBSCRIBE` at the master of its slot (as the
+/// node on port `asked` sees it), and checks that no other node of the cluster (but `dead`)
+/// hears it; returns that master's port.
+async fn heard_at_its_master_only(
+    cluster: &LocalCluster,
+    channel: &str,
+    asked: u16,
+    dead: Option<u16>,
+) -> u16 {
+    let owner = LocalCluster::master_of(channel, asked).await;
+    eventually(
+        &format!("the hub subscribes to {channel} at its master"),
+        async || shard_subscribers(owner, channel).await == 1,
+    )
+    .await;
+    let others =
+        (cluster.base..cluster.base + 6).filter(|&port| port != owner && Some(port) != dead);
+    for port in others {
+        assert_eq!(
+            shard_subscribers(port, channel).await,
+            0,
+            "{channel} on node {port}"
+        );
+    }
+    owner
+}
+
+#[tokio::test]
+async fn feed_items_and_publications_are_heard_at_their_slots_master_only_and_again_after_it_fails_over()
+ {
+    use crate::feed::{bulk_follow, feed_page, publish, token, users};
+    use crate::feed_live::subscribed as feed_subscribed;
+    use crate::subscriptions::subscribed;
+    use pulse::keys::{FEED_SHARDS, FeedKeys};
+    use serde_json::json;
+
+    let cluster = LocalCluster::start().await;
+    let url = cluster.url();
+    let app = TestApp::spawn_with(|config| {
+        config.redis_url = Some(url);
+        // The star's two followers make it a celebrity, whose articles reach live readers on its
+        // own channel; the author's one follower keeps it fanned out to.
+        config.feed_celebrity_followers = 2;
+    })
+    .await;
+    let keys = &app.state.redis.keys;
+    let published_channel = keys.articles_published_channel();
+    let victim = LocalCluster::master_of(&published_channel, cluster.base).await;
+    // Consecutive ids cover every feed shard: some reader's feed lives on the victim too, so one
+    // kill moves both of the reader's channels.
+    let people = users(&app, "sharded", 2 + FEED_SHARDS as usize).await;
+    let (author, star) = (people[0], people[1]);
+    let mut reader = None;
+    for &candidate in &people[2..] {
+        if LocalCluster::master_of(&keys.feed_channel(candidate), victim).await == victim {
+            reader = Some(candidate);
+            break;
+        }
+    }
+    let reader = reader.expect("a feed shard lives with the journal of publications");
+    let fan = *people[2..].iter().find(|&&user| user != reader).unwrap();
+    bulk_follow(&app, &[reader], author).await;
+    bulk_follow(&app, &[reader, fan], star).await;
+    feed_page(&app, &token(&app, reader), 5, None).await;
+    let mut feed = feed_subscribed(&app, reader).await;
+    let mut articles = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
+
+    // Each channel is named with the slot of the keys its script touches, published with
+    // SPUBLISH, so only that slot's master carries it.
+    for channel in [
+        &keys.feed_channel(reader),
+        &keys.feed_author_channel(star),
+        &published_channel,
+    ] {
+        heard_at_its_master_only(&cluster, channel, victim, None).await;
+    }
+    let fanned_out = publish(&app, &token(&app, author), "fanned out").await;
+    expect_both(&mut feed, &mut articles, fanned_out, "fanned out").await;
+    let famous = publish(&app, &token(&app, star), "famous").await;
+    expect_both(&mut feed, &mut articles, famous, "famous").await;
+
+    cluster.kill(victim);
+    let survivor = (cluster.base..cluster.base + 6)
+        .find(|port| *port != victim)
+        .unwrap();
+    eventually("a replica takes the journal's slot over", async || {
+        LocalCluster::master_of(&published_channel, survivor).await != victim
+    })
+    .await;
+    for channel in [&published_channel, &keys.feed_channel(reader)] {
+        let promoted = heard_at_its_master_only(&cluster, channel, survivor, Some(victim)).await;
+        assert_ne!(promoted, victim);
+    }
+    eventually("Redis answers again", async || {
+        app.state.redis.ping().await.is_ok()
+    })
+    .await;
+    let after = publish(&app, &token(&app, author), "after the failover").await;
+    expect_both(&mut feed, &mut articles, after, "after the failover").await;
+    let famous_after = publish(&app, &token(&app, star), "famous after").await;
+    expect_both(&mut feed, &mut articles, famous_after, "famous after").await;
+}

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::crash::free_port;
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
-use crate::helpers::{OwnRedis, TestApp, article_row, eventually, test_config};
+use crate::helpers::{OwnRedis, TestApp, article_row, eventually, redis_subscribers, test_config};
 use crate::subscriptions::{Socket, next_message, subscribed_as};
 use pulse::keys::FeedKeys;
 
@@ -16,7 +16,7 @@ const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title 
 
 /// A websocket of `user` subscribed to `feedItemAdded`, once the subscription reached Redis and
 /// the user shows as online.
-async fn subscribed(app: &TestApp, user: i64) -> Socket {
+pub(crate) async fn subscribed(app: &TestApp, user: i64) -> Socket {
     let socket = subscribed_as(
         app,
         json!({ "token": token(app, user) }),
@@ -28,24 +28,19 @@ async fn subscribed(app: &TestApp, user: i64) -> Socket {
     let online = app.state.redis.keys.feed_user(user).online();
     let mut conn = app.state.redis.conn.clone();
     eventually("the subscription reaches Redis", async || {
-        let listening: Vec<(String, i64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
+        let listening = redis_subscribers(app, &channel).await;
         let present: bool = redis::cmd("EXISTS")
             .arg(&online)
             .query_async(&mut conn)
             .await
             .unwrap_or(false);
-        listening.first().is_some_and(|(_, n)| *n > 0) && present
+        listening > 0 && present
     })
     .await;
     socket
 }
 
-fn item_id(message: &Value) -> i64 {
+pub(crate) fn item_id(message: &Value) -> i64 {
     assert_eq!(message["type"], "next", "{message}");
     let id = message["payload"]["data"]["feedItemAdded"]["node"]["id"]
         .as_str()

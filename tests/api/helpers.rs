@@ -38,6 +38,24 @@ pub async fn eventually_within(
     }
 }
 
+/// How many Redis connections listen to `channel`, whichever way it is subscribed: `SUBSCRIBE`
+/// (one server, and broadcast channels on a cluster) or `SSUBSCRIBE` (sharded channels on a
+/// cluster); on a cluster, the counts of every node added up.
+pub async fn redis_subscribers(app: &TestApp, channel: &str) -> i64 {
+    let mut conn = app.state.redis.conn.clone();
+    let mut subscribed = 0;
+    for count in ["NUMSUB", "SHARDNUMSUB"] {
+        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg(count)
+            .arg(channel)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        subscribed += counts.iter().map(|(_, n)| n).sum::<i64>();
+    }
+    subscribed
+}
+
 pub fn redis_url() -> String {
     std::env::var("PULSE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }

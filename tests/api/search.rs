@@ -7,8 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pulse::entities::{articles, search_outbox};
-use pulse::search::index::{Applied, ArticleDoc, Change, DocumentStore, EmbeddedIndex};
+use pulse::search::counts::Counts;
+use pulse::search::index::{
+    Applied, ArticleDoc, Change, DocumentStore, EmbeddedIndex, Search, Sort,
+};
 use pulse::search::indexer::{Indexer, IndexerSettings, document};
+use pulse::search::query::SearchQuery;
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrait,
 };
@@ -559,6 +563,12 @@ impl DocumentStore for DiesBeforeCommit {
     async fn abandon(&self) -> anyhow::Result<()> {
         Ok(())
     }
+    async fn wants_counts(&self) -> anyhow::Result<bool> {
+        self.0.wants_counts().await
+    }
+    async fn load_counts(&self, counts: Vec<(i64, Counts)>) -> anyhow::Result<()> {
+        self.0.load_counts(counts).await
+    }
 }
 
 #[test]
@@ -792,4 +802,280 @@ async fn bad_queries_get_a_clear_error_or_a_sensible_answer_never_a_server_error
     );
     let (status, body) = app.post_raw(lone_surrogate, None).await;
     assert!(status < 500, "{status} {body}");
+}
+
+/// Adds to an article's counts in SQL with its outbox row, as a view flush or likes archive batch
+/// does.
+async fn add_counts(db: &sea_orm::DatabaseConnection, article: i64, views: i64, likes: i64) {
+    use sea_orm::sea_query::{Expr, ExprTrait as _};
+    let txn = db.begin().await.unwrap();
+    articles::Entity::update_many()
+        .col_expr(
+            articles::Column::ViewCount,
+            Expr::col(articles::Column::ViewCount).add(views),
+        )
+        .col_expr(
+            articles::Column::LikeCount,
+            Expr::col(articles::Column::LikeCount).add(likes),
+        )
+        .filter(articles::Column::Id.eq(article))
+        .exec(&txn)
+        .await
+        .unwrap();
+    pulse::search::outbox::record(&txn, [article])
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+}
+
+const BY_HAND: IndexerSettings = IndexerSettings {
+    poll: Duration::from_secs(3600),
+    batch: 1000,
+    gap_window: Duration::from_secs(60),
+    retention: Duration::from_secs(86_400),
+};
+
+/// (id, key) of the hits of `query` under `sort`, read from `index` directly.
+fn ranked(index: &EmbeddedIndex, query: &str, sort: Sort) -> Vec<(i64, i64)> {
+    let query = SearchQuery::parse(query).unwrap();
+    index
+        .search(&Search {
+            query: &query,
+            sort,
+            author: None,
+            since: None,
+            until: None,
+            limit: 50,
+            after: None,
+        })
+        .unwrap()
+        .hits
+        .iter()
+        .map(|hit| (hit.article_id, hit.key))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_count_change_reorders_the_views_and_likes_sorts_without_rewriting_a_document() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("tallied").await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(article_row(
+            &publish(&app, &token, &format!("tallied {i}"), "x").await,
+        ));
+    }
+    let dir = std::env::temp_dir().join(format!("pulse-search-counts-{}", unique_suffix()));
+    let index = EmbeddedIndex::open(&dir).unwrap();
+    let indexer = Indexer::new(app.state.db.clone(), Arc::new(index.clone()), BY_HAND);
+    assert!(indexer.step().await.unwrap().rebuilt);
+    assert_eq!(index.documents_written(), 3);
+
+    add_counts(&app.state.db, ids[0], 5, 0).await;
+    add_counts(&app.state.db, ids[1], 2, 1).await;
+    add_counts(&app.state.db, ids[2], 0, 4).await;
+    let stepped = indexer.step().await.unwrap();
+    assert_eq!((stepped.rows, stepped.documents), (3, 3));
+    assert_eq!(
+        index.documents_written(),
+        3,
+        "counts alone rewrite no document"
+    );
+    assert_eq!(
+        ranked(&index, "tallied", Sort::Views),
+        [(ids[0], 5), (ids[1], 2), (ids[2], 0)]
+    );
+    assert_eq!(
+        ranked(&index, "tallied", Sort::Likes),
+        [(ids[2], 4), (ids[1], 1), (ids[0], 0)]
+    );
+    assert_eq!(index.all_documents().unwrap(), sql_documents(&app).await);
+
+    add_counts(&app.state.db, ids[2], 9, 0).await;
+    indexer.step().await.unwrap();
+    assert_eq!(ranked(&index, "tallied", Sort::Views)[0], (ids[2], 9));
+    assert_eq!(index.documents_written(), 3);
+
+    let txn = app.state.db.begin().await.unwrap();
+    articles::Entity::update_many()
+        .col_expr(
+            articles::Column::Title,
+            sea_orm::sea_query::Expr::value("retitled"),
+        )
+        .filter(articles::Column::Id.eq(ids[1]))
+        .exec(&txn)
+        .await
+        .unwrap();
+    pulse::search::outbox::record(&txn, [ids[1]]).await.unwrap();
+    txn.commit().await.unwrap();
+    indexer.step().await.unwrap();
+    assert_eq!(
+        index.documents_written(),
+        4,
+        "a new title rewrites its document"
+    );
+    assert_eq!(ranked(&index, "retitled", Sort::Views), [(ids[1], 2)]);
+    assert_eq!(index.all_documents().unwrap(), sql_documents(&app).await);
+    drop(index);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A replica whose process died while a stream of count changes went on: reopened, it has the
+/// documents and position of its last commit and no counts; its first step loads them from SQL
+/// and it resumes (no rebuild, no document rewritten) to equal SQL, while the stream goes on.
+#[tokio::test]
+async fn a_replica_killed_during_a_count_stream_loads_its_counts_and_resumes_exactly() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("streamed").await;
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(article_row(
+            &publish(&app, &token, &format!("streamed {i}"), "x").await,
+        ));
+    }
+    let dir = std::env::temp_dir().join(format!("pulse-search-stream-{}", unique_suffix()));
+    {
+        let index = EmbeddedIndex::open(&dir).unwrap();
+        let indexer = Indexer::new(app.state.db.clone(), Arc::new(index), BY_HAND);
+        assert!(indexer.step().await.unwrap().rebuilt);
+    }
+    let stream = {
+        let (db, ids) = (app.state.db.clone(), ids.clone());
+        tokio::spawn(async move {
+            for n in 0..120usize {
+                add_counts(&db, ids[n % ids.len()], 1 + (n % 3) as i64, (n % 2) as i64).await;
+            }
+        })
+    };
+    let mut last_commit = None;
+    for _ in 0..3 {
+        let index = EmbeddedIndex::open(&dir).unwrap();
+        assert!(
+            index.wants_counts().await.unwrap(),
+            "counts are not persisted"
+        );
+        let indexer = Indexer::new(app.state.db.clone(), Arc::new(index.clone()), BY_HAND);
+        let at_open = applied(&indexer).await;
+        if let Some(committed) = &last_commit {
+            assert_eq!(&at_open, committed, "the last commit's position");
+        }
+        for _ in 0..2 {
+            let stepped = indexer.step().await.unwrap();
+            assert!(!stepped.rebuilt);
+        }
+        assert!(!index.wants_counts().await.unwrap());
+        assert_eq!(
+            index.documents_written(),
+            0,
+            "counts alone rewrite no document"
+        );
+        last_commit = Some(applied(&indexer).await);
+        let dying = Indexer::new(
+            app.state.db.clone(),
+            Arc::new(DiesBeforeCommit(index)),
+            BY_HAND,
+        );
+        dying.step().await.ok();
+    }
+    stream.await.unwrap();
+    let index = EmbeddedIndex::open(&dir).unwrap();
+    let indexer = Indexer::new(app.state.db.clone(), Arc::new(index.clone()), BY_HAND);
+    while indexer.step().await.unwrap().rows > 0 {}
+    let sql = sql_documents(&app).await;
+    assert_eq!(index.all_documents().unwrap(), sql);
+    assert_eq!(
+        sql.iter().map(|doc| doc.view_count).sum::<i64>(),
+        240,
+        "every count of the stream is in SQL"
+    );
+    let mut by_views: Vec<(i64, i64)> = sql.iter().map(|doc| (doc.view_count, doc.id)).collect();
+    by_views.sort_by(|a, b| b.cmp(a));
+    assert_eq!(
+        ranked(&index, "streamed", Sort::Views),
+        by_views
+            .iter()
+            .map(|(views, id)| (*id, *views))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(index.documents_written(), 0);
+    drop(index);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn an_index_of_an_older_schema_is_started_anew_and_rebuilt() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("schemed").await;
+    publish(&app, &token, "schemed", "x").await;
+    let dir = std::env::temp_dir().join(format!("pulse-search-schema-{}", unique_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        let mut builder = tantivy::schema::Schema::builder();
+        builder.add_i64_field("view_count", tantivy::schema::FAST);
+        let old = tantivy::Index::create_in_dir(&dir, builder.build()).unwrap();
+        let mut writer: tantivy::IndexWriter = old.writer(15_000_000).unwrap();
+        writer.commit().unwrap();
+    }
+    let index = EmbeddedIndex::open(&dir).unwrap();
+    let indexer = Indexer::new(app.state.db.clone(), Arc::new(index.clone()), BY_HAND);
+    assert!(indexer.step().await.unwrap().rebuilt);
+    assert_eq!(index.all_documents().unwrap(), sql_documents(&app).await);
+    drop(index);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A restarted server's replica has no counts until it loads them from SQL: its first `VIEWS`
+/// search waits for them rather than ranking every article at zero (which would put the newest
+/// first here).
+#[tokio::test]
+async fn a_restarted_server_ranks_by_counts_from_its_first_search() {
+    let app = TestApp::spawn().await;
+    let config = app.config.clone();
+    let (token, _) = app.sign_up("ranked").await;
+    let older = publish(&app, &token, "ranked older", "x").await;
+    let newer = publish(&app, &token, "ranked newer", "x").await;
+    add_counts(&app.state.db, article_row(&newer), 5, 0).await;
+    caught_up(&app).await;
+    let db = app.state.db.clone();
+    app.stop().await.unwrap();
+    add_counts(&db, article_row(&older), 9, 0).await;
+    let restarted = TestApp::start(config).await;
+    let first = search(&restarted, json!({ "q": "ranked", "sort": "VIEWS" })).await;
+    assert_eq!(ids_of(&first), [older, newer]);
+    caught_up(&restarted).await;
+}
+
+/// A reopened replica that must rebuild (here `pulse rebuild search` ran while it was down) keeps
+/// answering from its old documents until the rebuild commits, ranked by counts it loads first.
+#[tokio::test]
+async fn a_replica_that_must_rebuild_ranks_its_old_documents_by_counts_until_the_rebuild_commits() {
+    let app = app_stepped_by_hand().await;
+    let (token, _) = app.sign_up("rebuilding").await;
+    let older = article_row(&publish(&app, &token, "rebuilding older", "x").await);
+    let newer = article_row(&publish(&app, &token, "rebuilding newer", "x").await);
+    let dir = std::env::temp_dir().join(format!("pulse-search-epoch-{}", unique_suffix()));
+    {
+        let index = EmbeddedIndex::open(&dir).unwrap();
+        let indexer = Indexer::new(app.state.db.clone(), Arc::new(index), BY_HAND);
+        assert!(indexer.step().await.unwrap().rebuilt);
+    }
+    add_counts(&app.state.db, older, 7, 0).await;
+    app.state.services.search.request_rebuild().await.unwrap();
+    let index = EmbeddedIndex::open(&dir).unwrap();
+    let dying = Indexer::new(
+        app.state.db.clone(),
+        Arc::new(DiesBeforeCommit(index.clone())),
+        BY_HAND,
+    );
+    assert!(
+        dying.step().await.is_err(),
+        "the rebuild dies before its commit"
+    );
+    assert!(!index.wants_counts().await.unwrap());
+    assert_eq!(
+        ranked(&index, "rebuilding", Sort::Views),
+        [(older, 7), (newer, 0)]
+    );
+    drop((dying, index));
+    std::fs::remove_dir_all(&dir).ok();
 }

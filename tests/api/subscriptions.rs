@@ -6,7 +6,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
-use crate::helpers::{TestApp, eventually};
+use crate::helpers::{TestApp, eventually, redis_subscribers};
 use pulse::keys::ArticleKeys;
 
 pub type Socket =
@@ -106,16 +106,8 @@ pub async fn close_frame(socket: &mut Socket) -> CloseFrame {
 /// Waits until this app's Redis subscription for new articles is in place, so a publish is seen.
 pub async fn wait_until_listening(app: &TestApp) {
     let channel = app.state.redis.keys.articles_published_channel();
-    let mut conn = app.state.redis.conn.clone();
     eventually("the subscription reaches Redis", async || {
-        let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async::<Vec<(String, i64)>>(&mut conn)
-            .await
-            .unwrap()
-            .remove(0);
-        subscribers > 0
+        redis_subscribers(app, &channel).await > 0
     })
     .await;
 }
@@ -212,14 +204,11 @@ async fn subscribers_of_one_process_share_one_redis_subscription() {
             "to everyone"
         );
     }
-    let mut conn = app.state.redis.conn.clone();
-    let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(&channel)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(counts[0].1, 1, "one Redis subscription per process");
+    assert_eq!(
+        redis_subscribers(&app, &channel).await,
+        1,
+        "one Redis subscription per process"
+    );
 
     drop(sockets);
     eventually("closed subscriptions are released", async || {

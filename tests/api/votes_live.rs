@@ -14,7 +14,9 @@ use pulse::votes::service::{Ballot, Origin};
 use serde_json::{Value, json};
 
 use crate::crash::free_port;
-use crate::helpers::{OwnRedis, TestApp, app_on_a_private_redis, eventually, two_votes_lead};
+use crate::helpers::{
+    OwnRedis, TestApp, app_on_a_private_redis, eventually, redis_subscribers, two_votes_lead,
+};
 use crate::likes::users;
 use crate::subscriptions::{Socket, connect, next_message, send, subscribed_as};
 use crate::votes::{admin, create_poll, row, voter};
@@ -42,19 +44,8 @@ pub async fn snapshot(socket: &mut Socket) -> Value {
 /// server, `SSUBSCRIBE` on a cluster).
 pub async fn listening(app: &TestApp, poll: i64) {
     let channel = app.state.redis.keys.poll(poll).votes_channel();
-    let mut conn = app.state.redis.conn.clone();
     eventually(&format!("a process subscribes to {channel}"), async || {
-        let mut subscribed = 0;
-        for count in ["NUMSUB", "SHARDNUMSUB"] {
-            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
-                .arg(count)
-                .arg(&channel)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            subscribed += counts.iter().map(|(_, n)| n).sum::<i64>();
-        }
-        subscribed > 0
+        redis_subscribers(app, &channel).await > 0
     })
     .await;
 }

@@ -24,14 +24,22 @@
 //! or recreated under a new epoch, or more events follow than one replay may carry), the stream
 //! sends one resync error and ends, so a client learns that it must re-read instead of living with
 //! a silent gap; a live source that finds its history recreated under it ends the stream the same
-//! way, with an error item.
+//! way, with an error item. A history that cannot be read for a while (`UNAVAILABLE`: the master
+//! of its slot died and its replica is not promoted yet, or Redis restarts) is read again with
+//! backoff, the live source still heard meanwhile: a pub/sub connection re-established in a
+//! failover confirms the channels before the history's master is back, and the stream would
+//! otherwise end exactly when it should catch up.
 
 use std::future::Future;
+use std::time::Duration;
 
 use futures_util::{Stream, StreamExt as _};
 use tokio::sync::watch;
 
 use crate::error::{AppError, AppResult};
+
+/// The longest wait between two reads of a history that was unavailable.
+const MAX_REREAD_DELAY: Duration = Duration::from_secs(2);
 
 /// What a history holds after a position.
 pub enum Replay<T> {
@@ -125,7 +133,7 @@ pub struct Resume<T, R> {
 /// `live` (already subscribed, its channels' `confirmations` given; an error item ends the
 /// stream) resumed after `resume.after`: the replay of what was missed, then live events past it,
 /// each once, in the order of their positions. Ends after an error (the history could not be
-/// read, a resync, or the live source's error).
+/// read for a reason other than Redis being unavailable, a resync, or the live source's error).
 pub fn resumable<T, L, R, F>(
     live: L,
     mut confirmations: Confirmations,
@@ -154,12 +162,27 @@ where
         let mut catch_up = after;
         loop {
             if let Some(from) = catch_up.take() {
-                let reading = replay(from);
+                let mut read_after = |delay: Duration| {
+                    let reading = replay(from);
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        reading.await
+                    }
+                };
+                let reading = read_after(Duration::ZERO);
                 tokio::pin!(reading);
+                let mut delay = Duration::from_millis(100);
                 let mut heard = Vec::new();
                 let outcome = loop {
                     tokio::select! {
-                        outcome = &mut reading => break Some(outcome),
+                        outcome = &mut reading => match outcome {
+                            Err(err) if err.code() == "UNAVAILABLE" => {
+                                tracing::warn!(error = %err, "cannot read a stream's history; reading it again");
+                                reading.set(read_after(delay));
+                                delay = (delay * 2).min(MAX_REREAD_DELAY);
+                            }
+                            outcome => break Some(outcome),
+                        },
                         Some(event) = live.next() => {
                             heard.push(event);
                             if heard.len() > buffer {
@@ -252,24 +275,32 @@ mod tests {
     /// `recorded` is negative (trimmed).
     struct Source {
         recorded: Arc<AtomicI64>,
+        /// How many reads of the history fail next, as Redis unavailable.
+        unavailable: Arc<AtomicI64>,
         live: mpsc::UnboundedSender<AppResult<i64>>,
         confirmed: watch::Sender<u64>,
     }
 
     fn resumed(after: i64) -> (Source, impl Stream<Item = AppResult<i64>>) {
         let recorded = Arc::new(AtomicI64::new(0));
+        let unavailable = Arc::new(AtomicI64::new(0));
         let (live, heard) = mpsc::unbounded_channel();
         let heard = futures_util::stream::unfold(heard, |mut heard| async move {
             heard.recv().await.map(|event| (event, heard))
         });
         let (confirmed, confirmations) = watch::channel(1);
-        let history = recorded.clone();
+        let (history, failing) = (recorded.clone(), unavailable.clone());
         let resume = Resume {
             after: Some(after),
             position: |event: &i64| *event,
             replay: move |from: i64| {
                 let head = history.load(Ordering::SeqCst);
+                let fails = failing.fetch_sub(1, Ordering::SeqCst) > 0;
                 async move {
+                    if fails {
+                        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+                        return Err(AppError::Redis(refused.into()));
+                    }
                     Ok(if head < 0 {
                         Replay::Unreachable
                     } else {
@@ -286,6 +317,7 @@ mod tests {
         let stream = resumable(heard, Confirmations::new(vec![confirmations]), resume);
         let source = Source {
             recorded,
+            unavailable,
             live,
             confirmed,
         };
@@ -337,6 +369,28 @@ mod tests {
             Err(AppError::ResyncRequired("resync"))
         ));
         assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_history_unavailable_for_a_while_is_read_again_and_the_stream_goes_on() {
+        let (source, stream) = resumed(0);
+        let mut stream = Box::pin(stream);
+        source.recorded.store(1, Ordering::SeqCst);
+        assert_eq!(next(&mut stream).await.unwrap(), 1);
+
+        // A failover: the channel is confirmed again while the history's master is still gone.
+        source.unavailable.store(3, Ordering::SeqCst);
+        source.recorded.store(2, Ordering::SeqCst);
+        source.confirmed.send(2).unwrap();
+        // Heard live while the history cannot be read: sent after the catch-up, once.
+        source.recorded.store(3, Ordering::SeqCst);
+        source.live.send(Ok(3)).unwrap();
+        assert_eq!(next(&mut stream).await.unwrap(), 2);
+        assert_eq!(next(&mut stream).await.unwrap(), 3);
+        assert!(source.unavailable.load(Ordering::SeqCst) < 0, "read again");
+        source.recorded.store(4, Ordering::SeqCst);
+        source.live.send(Ok(4)).unwrap();
+        assert_eq!(next(&mut stream).await.unwrap(), 4);
     }
 
     #[tokio::test]
