@@ -20,6 +20,9 @@
 -- KEYS[8]   shard's all-time article ranking   zset article -> likes      (articles only)
 -- KEYS[9]   shard's ranking of the day         zset article -> net likes  (articles only)
 -- KEYS[10]  shard's ranking of the week        zset article -> net likes  (articles only)
+-- KEYS[11]  shard's article stats versions     hash article -> version    (articles only): moved
+--           past both its last value and this change's sequence, so `articleStatsChanged`'s
+--           versions grow with every change, whichever process reads them
 -- ARGV[1]   '1' to like, '0' to unlike
 -- ARGV[2]   subject field ('a42', 'c7')
 -- ARGV[3]   relation field ('a42:9')
@@ -91,6 +94,11 @@ if #KEYS >= 10 then
   redis.call('EXPIRE', KEYS[9], ARGV[11])
   redis.call('ZINCRBY', KEYS[10], delta, ARGV[14])
   redis.call('EXPIRE', KEYS[10], ARGV[12])
+  local version = tonumber(redis.call('HGET', KEYS[11], ARGV[14]) or '0') + 1
+  if version < tonumber(seq) then
+    version = tonumber(seq)
+  end
+  redis.call('HSET', KEYS[11], ARGV[14], string.format('%.0f', version))
 end
 if ARGV[15] ~= '' then
   redis.call(ARGV[16], ARGV[15], '')

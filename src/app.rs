@@ -171,6 +171,7 @@ impl App {
                 viewer_fields: schema::reads_viewer,
                 live_fields: crate::services::LIVE_FIELDS,
                 send_budget: config.ws_send_budget,
+                resumable: crate::services::RESUMABLE,
             },
             sockets_per_ip: crate::http::sockets_per_ip::SocketsPerIp::new(
                 config.max_sockets_per_ip,

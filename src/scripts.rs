@@ -23,6 +23,11 @@ pub struct Scripts {
     pub like_set: Script,
     /// Archived like events settled in Redis: see `lua/like_settle.lua`.
     pub like_settle: Script,
+    /// An article's stats version moved and announced: see `lua/article_stats_bump.lua`.
+    pub article_stats_bump: Script,
+    /// An article's live like count and stats version read together: see
+    /// `lua/article_stats_read.lua`.
+    pub article_stats_read: Script,
     /// An article's featured comments replaced under its lease: see `lua/featured_store.lua`.
     pub featured_store: Script,
     /// One voter's ballots in one poll, all or nothing each: see `lua/vote_cast.lua`.
@@ -57,6 +62,8 @@ impl Scripts {
             view_flush_repair: Script::new(include_str!("../lua/view_flush_repair.lua")),
             like_set: Script::new(include_str!("../lua/like_set.lua")),
             like_settle: Script::new(include_str!("../lua/like_settle.lua")),
+            article_stats_bump: Script::new(include_str!("../lua/article_stats_bump.lua")),
+            article_stats_read: Script::new(include_str!("../lua/article_stats_read.lua")),
             featured_store: Script::new(include_str!("../lua/featured_store.lua")),
             vote_cast: Script::new(include_str!("../lua/vote_cast.lua")),
             feed_deliver: Script::new(include_str!("../lua/feed_deliver.lua")),
@@ -72,7 +79,7 @@ impl Scripts {
     }
 
     /// Every script, for the registry to load at start-up (`Redis::connect`).
-    pub fn all(&self) -> [&Script; 18] {
+    pub fn all(&self) -> [&Script; 20] {
         [
             &self.rate_limit,
             &self.record_view,
@@ -81,6 +88,8 @@ impl Scripts {
             &self.view_flush_repair,
             &self.like_set,
             &self.like_settle,
+            &self.article_stats_bump,
+            &self.article_stats_read,
             &self.featured_store,
             &self.vote_cast,
             &self.feed_deliver,

@@ -313,7 +313,13 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: "pulse_live_slow_consumer_closes_total",
         kind: MetricKind::Counter,
-        help: "Websockets closed (4413) for falling more than their send budget behind on an event stream",
+        help: "Websockets closed (4413) for falling more than their send budget behind on a message that is not an event of a running operation",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_live_slow_consumer_resyncs_total",
+        kind: MetricKind::Counter,
+        help: "Websocket event streams ended with RESYNC_REQUIRED and the cursor to resume from, for falling more than their socket's send budget behind",
         initial: NO_LABELS,
     },
     Metric {
@@ -361,7 +367,13 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: "pulse_live_stream_slow_consumer_cuts_total",
         kind: MetricKind::Counter,
-        help: "HTTP streams cut (their response broken off) for falling more than their send budget behind on an event stream, by transport",
+        help: "HTTP streams cut (their response broken off) for falling more than their send budget behind on a snapshot with no unsent one to replace, by transport",
+        initial: BY_STREAM_TRANSPORT,
+    },
+    Metric {
+        name: "pulse_live_stream_slow_consumer_resyncs_total",
+        kind: MetricKind::Counter,
+        help: "Event streams on HTTP streams ended with RESYNC_REQUIRED and the cursor to resume from, for falling more than their stream's send budget behind, by transport",
         initial: BY_STREAM_TRANSPORT,
     },
     Metric {

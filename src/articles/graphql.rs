@@ -244,6 +244,10 @@ impl ArticlesMutation {
 #[derive(SimpleObject)]
 pub struct ArticleStats {
     article_id: ID,
+    /// Grows with every change of the counters, and compares across server processes: a client
+    /// that reconnects (to any process) keeps a snapshot whose version is at least that of the
+    /// one it shows, and drops an older one. A decimal integer in a string, as a leaderboard's.
+    version: String,
     view_count: i64,
     like_count: i64,
     comment_count: i64,
@@ -294,6 +298,7 @@ impl ArticlesSubscription {
         let stats = services(ctx).stats.watch(article).await.gql()?;
         Ok(stats.map(|stats| ArticleStats {
             article_id: ids::encode(NodeType::Article, stats.article),
+            version: stats.version.to_string(),
             view_count: stats.view_count,
             like_count: stats.like_count,
             comment_count: stats.comment_count,

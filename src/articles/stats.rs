@@ -5,6 +5,16 @@
 //! announces it on the article's channel; per process, one coalescing watcher per watched article
 //! reads the three counters at most once per tick and pushes only what changed (see
 //! [`crate::realtime::coalesce`]). An article deleted while watched ends its subscriptions.
+//!
+//! Versions: each snapshot's is the article's view count (which only grows) plus the version of
+//! its like and comment counts, which every like change (`lua/like_set.lua`) and every comment
+//! added or deleted (`lua/article_stats_bump.lua`) moves past its last value in the step that
+//! announces the change, and which is read with the like count in one step. It is part of what
+//! the watcher compares, so a read whose version moved is sent even if its counts did not (a
+//! comment's version read in the moment between its commit and its announcement, then read
+//! again). A client that keeps a snapshot whose version is at least that of the one it shows, and
+//! drops older ones (as after reconnecting to another process), ends on the latest counts: the
+//! read that follows the last change has the highest version and the latest counts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,15 +26,19 @@ use tokio_util::task::TaskTracker;
 use super::ArticleService;
 use crate::error::{AppError, AppResult};
 use crate::keys::ArticleKeys;
-use crate::likes::{LikeService, Subject};
+use crate::likes::LikeService;
 use crate::realtime::{Coalescer, CoalescerConfig, Hub, Sharding, Snapshot};
 use crate::redis::Keys;
 use crate::views::ViewService;
 
-/// An article's counters at one moment.
+/// An article's counters at one moment, and its version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ArticleStats {
     pub article: i64,
+    /// Part of what a watcher compares: a read whose counts are those it sent last but whose
+    /// version moved (a change read with its counts before its version was) is sent, so that a
+    /// client that keeps the highest version ends on the latest counts.
+    pub version: i64,
     pub view_count: i64,
     pub like_count: i64,
     pub comment_count: i64,
@@ -109,18 +123,19 @@ async fn read(
             refresh_at: None,
         });
     };
-    let (ids, subjects) = ([article], [Subject::Article(article)]);
-    let (viewed, liked) = tokio::try_join!(views.live(&ids), likes.live(&subjects))?;
+    let ids = [article];
+    let (viewed, (liked, counted_version)) =
+        tokio::try_join!(views.live(&ids), likes.article_live(article))?;
     let view_count = viewed
         .get(&article)
         .map_or(row.view_count, |live| live.total(row.view_count));
-    let like_count = liked
-        .get(&Subject::Article(article))
-        .map_or(row.like_count, |live| live.total(row.like_count));
+    let like_count = liked.total(row.like_count);
+    let version = view_count + counted_version;
     Ok(Snapshot {
-        version: chrono::Utc::now().timestamp_millis(),
+        version,
         value: Some(ArticleStats {
             article,
+            version,
             view_count,
             like_count,
             comment_count: row.comment_count,

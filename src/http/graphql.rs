@@ -182,7 +182,6 @@ pub fn routes(state: Arc<AppState>, path: &str, websocket_path: &str) -> Router<
         websocket: state.websocket.clone(),
         shutdown: state.shutdown.clone(),
         server_failure,
-        resumable: crate::services::RESUMABLE,
     };
     Endpoint::new(state.schema.clone(), Callers(state), settings)
         .page("GraphiQL", assets::graphiql)

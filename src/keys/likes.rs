@@ -92,6 +92,13 @@ impl LikeShardKeys<'_> {
         self.key("seq")
     }
 
+    /// Hash article → the version of its live counters' like and comment part: every change of
+    /// the article's like or comment count moves it past its last value and the time in
+    /// microseconds (see `lua/like_set.lua`, `lua/article_stats_bump.lua`).
+    pub fn article_stats_versions(&self) -> String {
+        self.key("statsver")
+    }
+
     /// Sorted set article → likes (the live count).
     pub fn rank_all_time(&self) -> String {
         self.key("rank:all")

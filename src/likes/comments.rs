@@ -136,19 +136,20 @@ impl CommentService {
         Ok(())
     }
 
-    /// Tells `articleStatsChanged` subscribers that the article's comment count moved. The change
-    /// is committed already; a failure is logged, and the next change of any counter tells anew.
+    /// Tells `articleStatsChanged` subscribers that the article's comment count moved, with a new
+    /// version. The change is committed already; a failure is logged, and the next change of any
+    /// counter tells anew.
     async fn announce(&self, article: i64) {
         let mut conn = self.redis.conn.clone();
-        let published = redis::cmd(self.redis.target.sharded_publish())
-            .arg(
-                self.redis
-                    .keys
-                    .like_shard(article)
-                    .article_stats_channel(article),
-            )
-            .arg("")
-            .query_async::<i64>(&mut conn)
+        let shard = self.redis.keys.like_shard(article);
+        let published = crate::scripts::SCRIPTS
+            .article_stats_bump
+            .key(shard.article_stats_versions())
+            .arg(article)
+            .arg(chrono::Utc::now().timestamp_micros())
+            .arg(shard.article_stats_channel(article))
+            .arg(self.redis.target.sharded_publish())
+            .invoke_async::<i64>(&mut conn)
             .await;
         if let Err(err) = published {
             tracing::warn!(error = %err, article.id = article, "cannot announce an article's new comment count");

@@ -153,7 +153,8 @@ impl LikeService {
                 invocation
                     .key(shard.rank_all_time())
                     .key(shard.rank_bucket(&buckets::day(now, self.zone)))
-                    .key(shard.rank_bucket(&buckets::week(now, self.zone)));
+                    .key(shard.rank_bucket(&buckets::week(now, self.zone)))
+                    .key(shard.article_stats_versions());
                 shard.article_stats_channel(article)
             }
             Subject::Comment(_) => String::new(),
@@ -287,6 +288,29 @@ impl LikeService {
                 (subject, live)
             })
             .collect())
+    }
+
+    /// `article`'s live likes and the like and comment part of its stats version, which every
+    /// change of its like or comment count moves (see `lua/article_stats_bump.lua`), read in one
+    /// step (`lua/article_stats_read.lua`).
+    pub async fn article_live(&self, article: i64) -> AppResult<(LiveLikes, i64)> {
+        let shard = self.redis.keys.like_shard(article);
+        let mut conn = self.redis.conn.clone();
+        let (base, pending, version): (i64, i64, i64) = SCRIPTS
+            .article_stats_read
+            .key(shard.base())
+            .key(shard.pending())
+            .key(shard.article_stats_versions())
+            .arg(Subject::Article(article).field())
+            .arg(article)
+            .arg(chrono::Utc::now().timestamp_micros())
+            .invoke_async(&mut conn)
+            .await?;
+        let live = LiveLikes {
+            base: (base >= 0).then_some(base),
+            pending,
+        };
+        Ok((live, version))
     }
 
     /// Which of `subjects` `user` likes: one pipelined Redis round trip, and one SQL query for the

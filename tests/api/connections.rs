@@ -709,72 +709,132 @@ async fn a_subscriber_that_stops_reading_holds_one_snapshot_within_its_budget_an
     assert!(received < votes, "{received} snapshots for {votes} votes");
 }
 
+/// Publishes articles of 48,000 characters as `token` until `enough` says so (at most 600): few
+/// are needed to fill what the network holds for a client that stops reading, even when a busy
+/// process skips some announcements for a lagging listener. Their global ids, in order.
+pub(crate) async fn publish_long_articles_until(
+    app: &TestApp,
+    token: &str,
+    mut enough: impl AsyncFnMut() -> bool,
+) -> Vec<String> {
+    let body = "y".repeat(48_000);
+    let publish = "mutation($t: String!, $b: String!) { publishArticle(input: { title: $t, body: $b }) { id } }";
+    let mut published = Vec::new();
+    while published.len() < 600 && !enough().await {
+        let response = app
+            .graphql_as(
+                Some(token),
+                publish,
+                json!({ "t": format!("long {}", published.len()), "b": body }),
+            )
+            .await;
+        assert!(response["errors"].is_null(), "{response}");
+        published.push(
+            response["data"]["publishArticle"]["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    published
+}
+
+pub(crate) const LONG_ARTICLES: &str = "subscription($after: String) {
+    articlePublished(after: $after) { id title body } }";
+
 #[tokio::test]
-async fn an_event_subscriber_that_stops_reading_is_closed_with_4413_once_past_its_budget() {
+async fn an_event_subscriber_that_stops_reading_gets_what_was_queued_then_a_resync_with_its_cursor_and_resumes_from_it_on_the_same_socket()
+ {
     let app = TestApp::spawn_with(|config| config.ws_send_budget = SEND_BUDGET).await;
     let (token, _) = app.sign_up("prolific").await;
+    let start = app.publish(&token, "start").await;
     let mut socket = socket_with_small_receive_buffer(&app).await;
     send(
         &mut socket,
         json!({ "id": "articles", "type": "subscribe",
-                "payload": { "query": "subscription { articlePublished { title body } }" } }),
+                "payload": { "query": LONG_ARTICLES, "variables": { "after": start } } }),
     )
     .await;
     wait_until_listening(&app).await;
 
-    // Articles of 48,000 characters each, until the server gives up on the socket: few are
-    // needed to fill what the network holds, even when a busy process skips some announcements
-    // for a lagging listener. Announcements trail the publishes (they are relayed from SQL's
-    // outbox), so the close may come after the last one.
-    let body = "y".repeat(48_000);
-    let publish = "mutation($t: String!, $b: String!) { publishArticle(input: { title: $t, body: $b }) { id } }";
-    let slow_closes = async || {
+    // Announcements trail the publishes (they are relayed from SQL's outbox), so the resync may
+    // come after the last one.
+    let resyncs = async || {
         metric(
             &app.metrics().await,
-            "pulse_live_slow_consumer_closes_total",
+            "pulse_live_slow_consumer_resyncs_total",
         )
     };
-    let closes_before = slow_closes().await;
-    let mut published = 0;
-    while published < 600 && slow_closes().await == closes_before {
-        let response = app
-            .graphql_as(
-                Some(&token),
-                publish,
-                json!({ "t": format!("long {published}"), "b": body }),
-            )
-            .await;
-        assert!(response["errors"].is_null(), "{response}");
-        published += 1;
-    }
-    eventually(
-        "the server closes the socket that fell behind",
-        async || slow_closes().await > closes_before,
-    )
+    let resyncs_before = resyncs().await;
+    let published =
+        publish_long_articles_until(&app, &token, async || resyncs().await > resyncs_before).await;
+    eventually("the server ends the stream that fell behind", async || {
+        resyncs().await > resyncs_before
+    })
     .await;
 
-    // Reading again, the client gets what was already on its way, then the close.
-    let mut delivered = 0;
-    let frame = loop {
-        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+    // Reading again, the client gets what was queued, in order, then the resync with the cursor
+    // of the last of them, and the operation's end.
+    let mut delivered = Vec::new();
+    let resync = loop {
+        let message = next_message(&mut socket)
             .await
-            .expect("a frame within 10 s")
-            .expect("a close frame before the end")
-            .expect("a clean close");
-        match message {
-            Message::Text(_) => delivered += 1,
-            Message::Close(frame) => break frame.expect("a close code"),
-            _ => {}
+            .expect("the socket stays open");
+        assert_eq!(message["id"], "articles", "{message}");
+        assert_eq!(message["type"], "next", "{message}");
+        match message["payload"]["data"]["articlePublished"]["id"].as_str() {
+            Some(id) => delivered.push(id.to_owned()),
+            None => break message["payload"].clone(),
         }
     };
-    assert_eq!(u16::from(frame.code), 4413, "{frame:?}");
-    // Closed for falling behind, not for a message's size: the network took some first (one
-    // message past the budget may wait alone; the next one behind it closes the socket).
-    assert!(delivered > 0, "nothing delivered of {published}");
-    assert!(
-        delivered < published,
-        "{delivered} of {published} delivered"
+    assert_eq!(
+        crate::helpers::error_code(&resync),
+        "RESYNC_REQUIRED",
+        "{resync}"
     );
+    assert!(
+        !delivered.is_empty(),
+        "nothing delivered of {}",
+        published.len()
+    );
+    assert_eq!(
+        delivered[..],
+        published[..delivered.len()],
+        "in order, from the first"
+    );
+    assert_eq!(
+        resync["errors"][0]["extensions"]["cursor"].as_str(),
+        delivered.last().map(String::as_str),
+        "{resync}"
+    );
+    let complete = next_message(&mut socket).await.unwrap();
+    assert_eq!(complete, json!({ "type": "complete", "id": "articles" }));
+    assert!(
+        delivered.len() < published.len(),
+        "all {} delivered",
+        published.len()
+    );
+
+    // The socket stays open: subscribed again after the cursor, the client gets the rest, each
+    // once.
+    send(
+        &mut socket,
+        json!({ "id": "again", "type": "subscribe",
+                "payload": { "query": LONG_ARTICLES,
+                             "variables": { "after": delivered.last() } } }),
+    )
+    .await;
+    while delivered.len() < published.len() {
+        let message = next_message(&mut socket)
+            .await
+            .expect("the socket stays open");
+        assert_eq!(message["id"], "again", "{message}");
+        let id = message["payload"]["data"]["articlePublished"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{message}"));
+        delivered.push(id.to_owned());
+    }
+    assert_eq!(delivered, published, "a gap or a duplicate");
 }
 
 /// The value of a metric's series with `labels` (as the scrape writes them) in a scrape.

@@ -199,7 +199,7 @@ pub(crate) async fn watch_stats(app: &TestApp, article: &str) -> Socket {
     send(
         &mut socket,
         json!({ "id": "stats", "type": "subscribe", "payload": {
-            "query": "subscription($a: ID!) { articleStatsChanged(articleId: $a) { articleId viewCount likeCount commentCount } }",
+            "query": "subscription($a: ID!) { articleStatsChanged(articleId: $a) { articleId version viewCount likeCount commentCount } }",
             "variables": { "a": article } } }),
     )
     .await;
@@ -208,16 +208,26 @@ pub(crate) async fn watch_stats(app: &TestApp, article: &str) -> Socket {
 
 /// The next stats pushed on `socket`: `(views, likes, comments)`.
 pub(crate) async fn next_stats(socket: &mut Socket) -> (i64, i64, i64) {
+    next_versioned_stats(socket).await.0
+}
+
+/// The next stats pushed on `socket`, and their version.
+async fn next_versioned_stats(socket: &mut Socket) -> ((i64, i64, i64), i64) {
     let message = next_message(socket)
         .await
         .expect("the subscription goes on");
     let stats = &message["payload"]["data"]["articleStatsChanged"];
     assert!(stats.is_object(), "{message}");
-    (
+    let version = stats["version"]
+        .as_str()
+        .and_then(|version| version.parse().ok())
+        .unwrap_or_else(|| panic!("no version: {message}"));
+    let counts = (
         stats["viewCount"].as_i64().unwrap(),
         stats["likeCount"].as_i64().unwrap(),
         stats["commentCount"].as_i64().unwrap(),
-    )
+    );
+    (counts, version)
 }
 
 /// Reads pushes until one equals `expected`; every push on the way must differ from the one before.
@@ -260,6 +270,96 @@ async fn a_subscriber_on_one_process_sees_views_likes_and_comments_made_through_
     until_stats(&mut socket, (0, 1, 1), (1, 1, 1)).await;
     set_like(&acting, Some(&people[1].1), &article, false).await;
     until_stats(&mut socket, (1, 1, 1), (1, 0, 1)).await;
+}
+
+#[tokio::test]
+async fn stats_versions_grow_with_every_change_and_two_processes_agree_on_their_order() {
+    let config = crate::helpers::test_config(|config| {
+        config.stats_tick = Duration::from_millis(50);
+        config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    })
+    .await;
+    let first = TestApp::start(config.clone()).await;
+    let second = TestApp::start(config).await;
+    let people = users(&first, 2).await;
+    let article = first.publish(&people[0].1, "versioned").await;
+    let mut sockets = [
+        watch_stats(&first, &article).await,
+        watch_stats(&second, &article).await,
+    ];
+    // Each change made through either process in turn, some of them back to counts seen before
+    // (an unlike, a deleted comment): the version still moves on.
+    let mut state = (0, 0, 0);
+    let mut floor = i64::MIN;
+    let mut comment = None;
+    for step in 0..6 {
+        let acting = if step % 2 == 0 { &first } else { &second };
+        if step > 0 {
+            state = match step {
+                1 => {
+                    set_like(acting, Some(&people[1].1), &article, true).await;
+                    (state.0, 1, state.2)
+                }
+                2 => {
+                    set_like(acting, Some(&people[1].1), &article, false).await;
+                    (state.0, 0, state.2)
+                }
+                3 => {
+                    comment =
+                        Some(crate::likes::comment(acting, &people[1].1, &article, "c").await);
+                    (state.0, state.1, 1)
+                }
+                4 => {
+                    let id = comment.take().unwrap();
+                    let deleted = acting
+                        .graphql_as(
+                            Some(&people[1].1),
+                            "mutation($id: ID!) { deleteComment(id: $id) }",
+                            json!({ "id": id }),
+                        )
+                        .await;
+                    assert!(deleted["errors"].is_null(), "{deleted}");
+                    (state.0, state.1, 0)
+                }
+                _ => {
+                    let view = acting
+                        .post_with_headers(
+                            json!({ "query": "mutation($a: ID!) { recordView(articleId: $a) { counted } }", "variables": { "a": article } }).to_string(),
+                            None,
+                            &[("x-forwarded-for", "198.51.100.41"), ("user-agent", "Mozilla/5.0 (X11; Linux x86_64) Firefox/140.0")],
+                        )
+                        .await
+                        .1;
+                    assert_eq!(view["data"]["recordView"]["counted"], true, "{view}");
+                    (state.0 + 1, state.1, state.2)
+                }
+            };
+        }
+        // Both processes' snapshots of this state have versions above every version either sent
+        // for an earlier state, each socket's growing.
+        let mut versions = Vec::new();
+        for socket in &mut sockets {
+            let mut last = i64::MIN;
+            loop {
+                let (counts, version) = next_versioned_stats(socket).await;
+                assert!(version > last, "{version} after {last} on one socket");
+                last = version;
+                if counts == state {
+                    break;
+                }
+                assert!(
+                    version > floor,
+                    "{version} for {counts:?} is below an earlier state's"
+                );
+            }
+            assert!(last > floor, "step {step}: {last} is not above {floor}");
+            versions.push(last);
+        }
+        // Read after the same change, the same state has the same version on both (a clock's
+        // would differ).
+        assert_eq!(versions[0], versions[1], "step {step}");
+        floor = versions[0];
+    }
 }
 
 #[tokio::test]

@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use pulse::graphql::ids::NodeType;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::feed::{bulk_follow, feed_page, publish, token, users};
+use crate::connections::{LONG_ARTICLES, publish_long_articles_until};
+use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
 use crate::helpers::{TestApp, article_row, error_code, eventually};
 use crate::votes::{admin, create_poll, row};
 use crate::votes_live::{listening, vote};
@@ -26,8 +28,47 @@ const TOKEN_HEADER: &str = "x-graphql-event-stream-token";
 
 /// An SSE response read event by event.
 pub struct Events {
-    response: reqwest::Response,
+    source: Source,
     buffer: String,
+}
+
+/// Where an SSE response's body comes from.
+enum Source {
+    Response(reqwest::Response),
+    /// A response read off a socket by hand, for a client that controls its receive buffer: its
+    /// chunked body, what has arrived of it and is not decoded yet.
+    Raw {
+        stream: tokio::net::TcpStream,
+        pending: Vec<u8>,
+    },
+}
+
+impl Source {
+    /// The next piece of the body; `None` when it ends (cleanly or not).
+    async fn chunk(&mut self) -> Option<Vec<u8>> {
+        match self {
+            Self::Response(response) => response.chunk().await.ok()?.map(|bytes| bytes.to_vec()),
+            Self::Raw { stream, pending } => loop {
+                if let Some(line) = pending.windows(2).position(|pair| pair == b"\r\n") {
+                    let size = std::str::from_utf8(&pending[..line]).unwrap();
+                    let size = usize::from_str_radix(size.trim(), 16).unwrap();
+                    if size == 0 {
+                        return None;
+                    }
+                    if pending.len() >= line + 2 + size + 2 {
+                        let chunk = pending[line + 2..line + 2 + size].to_vec();
+                        pending.drain(..line + 2 + size + 2);
+                        return Some(chunk);
+                    }
+                }
+                let mut buffer = [0u8; 4096];
+                match stream.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => pending.extend_from_slice(&buffer[..n]),
+                }
+            },
+        }
+    }
 }
 
 /// One event: its name, its data, parsed (`null` when empty), and its id if it has one.
@@ -47,7 +88,43 @@ impl Events {
             "{content_type}"
         );
         Self {
-            response,
+            source: Source::Response(response),
+            buffer: String::new(),
+        }
+    }
+
+    /// A distinct stream of `query` POSTed to `/graphql/stream` over a socket whose receive
+    /// buffer holds 4 KiB, so that a client that stops reading soon holds the server back.
+    pub async fn with_small_receive_buffer(app: &TestApp, query: &str, variables: Value) -> Self {
+        let tcp = tokio::net::TcpSocket::new_v4().unwrap();
+        tcp.set_recv_buffer_size(4096).unwrap();
+        let mut stream = tcp.connect(app.addr).await.unwrap();
+        let body = json!({ "query": query, "variables": variables }).to_string();
+        let request = format!(
+            "POST /graphql/stream HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            app.addr,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut pending = Vec::new();
+        let end = loop {
+            if let Some(end) = pending.windows(4).position(|four| four == b"\r\n\r\n") {
+                break end;
+            }
+            let mut buffer = [0u8; 4096];
+            let n = stream.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "the server answers");
+            pending.extend_from_slice(&buffer[..n]);
+        };
+        let head = String::from_utf8(pending.drain(..end + 4).collect())
+            .unwrap()
+            .to_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(head.contains("content-type: text/event-stream"), "{head}");
+        assert!(head.contains("transfer-encoding: chunked"), "{head}");
+        Self {
+            source: Source::Raw { stream, pending },
             buffer: String::new(),
         }
     }
@@ -77,12 +154,12 @@ impl Events {
                 };
                 return Some(Event { name, data, id });
             }
-            let chunk = tokio::time::timeout(Duration::from_secs(10), self.response.chunk())
+            let chunk = tokio::time::timeout(Duration::from_secs(10), self.source.chunk())
                 .await
                 .expect("an event within 10 s");
             match chunk {
-                Ok(Some(bytes)) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
-                Ok(None) | Err(_) => return None,
+                Some(bytes) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
+                None => return None,
             }
         }
     }
@@ -480,47 +557,147 @@ async fn shutting_the_server_down_ends_open_streams() {
     stopping.await.unwrap().unwrap();
 }
 
-#[tokio::test]
-async fn a_feed_stream_reopened_with_last_event_id_gets_exactly_what_it_missed_then_live_items() {
-    let app = TestApp::spawn().await;
-    let (author, reader, cursor) = reader_with_cursor(&app, "sse_resume").await;
-    let (author_token, reader_token) = (token(&app, author), token(&app, reader));
-    let open = async |last_event_id: Option<&str>| {
-        let mut request = app
-            .http
-            .post(app.url("/graphql/stream"))
-            .header("accept", "text/event-stream")
-            .bearer_auth(&reader_token)
-            .json(&json!({ "query": FEED_ITEMS, "variables": { "after": cursor } }));
-        if let Some(last_event_id) = last_event_id {
-            request = request.header("last-event-id", last_event_id);
-        }
-        Events::new(request.send().await.unwrap())
-    };
-    let mut feed = open(None).await;
-    let seen = publish(&app, &author_token, "seen").await;
-    let event = feed.next().await.unwrap();
-    assert_eq!(feed_item(&event.data), seen);
-    let last_id = event
+/// A distinct feed stream of `reader_token` running `query`, resumed after `last_event_id`.
+async fn feed_stream(
+    app: &TestApp,
+    reader_token: &str,
+    query: &str,
+    variables: Value,
+    last_event_id: Option<&str>,
+) -> Events {
+    let mut request = app
+        .http
+        .post(app.url("/graphql/stream"))
+        .header("accept", "text/event-stream")
+        .bearer_auth(reader_token)
+        .json(&json!({ "query": query, "variables": variables }));
+    if let Some(last_event_id) = last_event_id {
+        request = request.header("last-event-id", last_event_id);
+    }
+    Events::new(request.send().await.unwrap())
+}
+
+/// A feed item's event: its article row id and its SSE id, which must be its cursor.
+fn feed_event(event: Option<Event>) -> (i64, String) {
+    let event = event.expect("the stream goes on");
+    assert_eq!(event.name, "next", "{event:?}");
+    let id = event
         .id
         .expect("a feed item's event carries its cursor as its id");
     assert_eq!(
-        Some(last_id.as_str()),
+        Some(id.as_str()),
         event.data["data"]["feedItemAdded"]["cursor"].as_str()
     );
+    (feed_item(&event.data), id)
+}
+
+/// The stream's last result, an error coded `code`, then `complete` and the end.
+async fn ends_with(events: &mut Events, code: &str) {
+    let result = events.next_result().await;
+    assert!(result["data"].is_null(), "{result}");
+    assert_eq!(error_code(&result), code, "{result}");
+    assert_eq!(events.next().await.unwrap().name, "complete");
+    assert!(events.next().await.is_none(), "the stream ends");
+}
+
+#[tokio::test]
+async fn a_feed_stream_back_with_last_event_id_after_missing_50_items_gets_exactly_those_then_live_ones_and_past_its_history_a_resync()
+ {
+    // An inbox of 20: most of the 50 missed are replayed from SQL, below the inbox's floor.
+    let app = TestApp::spawn_with(|config| {
+        config.feed_cap = 20;
+        config.replay_limit = 60;
+    })
+    .await;
+    let (author, reader, cursor) = reader_with_cursor(&app, "sse_resume").await;
+    let (author_token, reader_token) = (token(&app, author), token(&app, reader));
+    let from_page = json!({ "after": cursor });
+    let mut feed = feed_stream(&app, &reader_token, FEED_ITEMS, from_page.clone(), None).await;
+    let seen = publish(&app, &author_token, "seen").await;
+    let (id, seen_id) = feed_event(feed.next().await);
+    assert_eq!(id, seen);
     drop(feed);
 
     let mut missed = Vec::new();
-    for i in 0..3 {
+    for i in 0..50 {
         missed.push(publish(&app, &author_token, &format!("missed {i}")).await);
     }
-    // Without Last-Event-ID the same request would replay "seen" as well.
-    let mut resumed = open(Some(&last_id)).await;
-    for expected in &missed {
-        assert_eq!(feed_item(&resumed.next_result().await), *expected);
+    eventually("the 50 reached the reader's inbox", async || {
+        in_inbox(&app, reader, missed[49]).await
+    })
+    .await;
+    // The request is sent again as it was, as an EventSource does: without Last-Event-ID it
+    // would replay "seen" as well.
+    let mut resumed = feed_stream(
+        &app,
+        &reader_token,
+        FEED_ITEMS,
+        from_page.clone(),
+        Some(&seen_id),
+    )
+    .await;
+    let mut replayed = Vec::new();
+    for _ in 0..50 {
+        replayed.push(feed_event(resumed.next().await).0);
     }
+    assert_eq!(replayed, missed);
     let live = publish(&app, &author_token, "live").await;
-    assert_eq!(feed_item(&resumed.next_result().await), live);
+    assert_eq!(
+        feed_event(resumed.next().await).0,
+        live,
+        "the first item after the replay is not the next one published"
+    );
+    drop(resumed);
+
+    let mut more = 0;
+    for i in 0..10 {
+        more = publish(&app, &author_token, &format!("more {i}")).await;
+    }
+    eventually("the 10 more reached the reader's inbox", async || {
+        in_inbox(&app, reader, more).await
+    })
+    .await;
+    // 61 items after "seen": more than a replay carries.
+    let mut past = feed_stream(&app, &reader_token, FEED_ITEMS, from_page, Some(&seen_id)).await;
+    ends_with(&mut past, "RESYNC_REQUIRED").await;
+}
+
+#[tokio::test]
+async fn last_event_id_fills_an_after_the_operation_omits_or_writes_inline() {
+    let app = TestApp::spawn().await;
+    let (author, reader, page_cursor) = reader_with_cursor(&app, "sse_inline").await;
+    let (author_token, reader_token) = (token(&app, author), token(&app, reader));
+    // The README's example: no `after` at all.
+    let bare = "subscription { feedItemAdded { cursor node { id title } } }";
+    let mut feed = feed_stream(&app, &reader_token, bare, json!({}), None).await;
+    let seen = publish(&app, &author_token, "seen").await;
+    let (id, seen_id) = feed_event(feed.next().await);
+    assert_eq!(id, seen);
+    drop(feed);
+
+    let missed = publish(&app, &author_token, "missed").await;
+    let mut resumed = feed_stream(&app, &reader_token, bare, json!({}), Some(&seen_id)).await;
+    let (id, missed_id) = feed_event(resumed.next().await);
+    assert_eq!(id, missed, "the item missed is replayed");
+    drop(resumed);
+
+    // An inline `after`, older than the event received last: the header wins, so neither "seen"
+    // nor "missed" comes again.
+    let inline = format!(
+        "subscription {{ items: feedItemAdded(after: {}) {{ cursor node {{ id title }} }} }}",
+        json!(page_cursor)
+    );
+    let mut resumed = feed_stream(&app, &reader_token, &inline, json!({}), Some(&missed_id)).await;
+    let live = publish(&app, &author_token, "live").await;
+    let event = resumed.next().await.unwrap();
+    assert_eq!(event.name, "next", "{event:?}");
+    let item = &event.data["data"]["items"];
+    assert_eq!(article_row(item["node"]["id"].as_str().unwrap()), live);
+    assert_eq!(
+        event.id.as_deref(),
+        item["cursor"].as_str(),
+        "the alias keeps the id"
+    );
 }
 
 /// A series of the `/metrics` scrape, by its name and labels as written there.
@@ -652,5 +829,143 @@ async fn an_expiring_token_ends_a_stream_reading_the_viewer_with_unauthenticated
             .await
             .is_err(),
         "the board's stream stays open"
+    );
+}
+
+#[tokio::test]
+async fn an_event_stream_that_stops_reading_gets_what_was_queued_then_a_resync_with_its_cursor_and_resumes_with_last_event_id()
+ {
+    let app = TestApp::spawn_with(|config| config.ws_send_budget = 32 * 1024).await;
+    let (token, _) = app.sign_up("prolific_sse").await;
+    let start = app.publish(&token, "start").await;
+    let from_start = json!({ "after": start });
+    let mut events =
+        Events::with_small_receive_buffer(&app, LONG_ARTICLES, from_start.clone()).await;
+    crate::subscriptions::wait_until_listening(&app).await;
+
+    let resyncs = async || {
+        series(
+            &app.metrics().await,
+            "pulse_live_stream_slow_consumer_resyncs_total{transport=\"sse\"}",
+        )
+    };
+    let resyncs_before = resyncs().await;
+    let published =
+        publish_long_articles_until(&app, &token, async || resyncs().await > resyncs_before).await;
+    eventually("the server ends the stream that fell behind", async || {
+        resyncs().await > resyncs_before
+    })
+    .await;
+
+    // Reading again: what was queued, in order, each event's id its article's, then the resync
+    // with the cursor of the last of them, and the stream's end.
+    let mut delivered = Vec::new();
+    let resync = loop {
+        let event = events.next().await.expect("the stream goes on");
+        assert_eq!(event.name, "next", "{event:?}");
+        match event.data["data"]["articlePublished"]["id"].as_str() {
+            Some(id) => {
+                assert_eq!(event.id.as_deref(), Some(id));
+                delivered.push(id.to_owned());
+            }
+            None => break event.data,
+        }
+    };
+    assert_eq!(error_code(&resync), "RESYNC_REQUIRED", "{resync}");
+    assert!(
+        !delivered.is_empty(),
+        "nothing delivered of {}",
+        published.len()
+    );
+    assert!(
+        delivered.len() < published.len(),
+        "all {} delivered",
+        published.len()
+    );
+    assert_eq!(
+        delivered[..],
+        published[..delivered.len()],
+        "in order, from the first"
+    );
+    let cursor = resync["errors"][0]["extensions"]["cursor"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no cursor: {resync}"))
+        .to_owned();
+    assert_eq!(Some(&cursor), delivered.last());
+    assert_eq!(events.next().await.unwrap().name, "complete");
+    assert!(events.next().await.is_none(), "the stream ends");
+
+    // The same request again with the cursor as Last-Event-ID, as an EventSource reconnects:
+    // the rest, each once.
+    let resumed = app
+        .http
+        .post(app.url("/graphql/stream"))
+        .header("accept", "text/event-stream")
+        .header("last-event-id", &cursor)
+        .json(&json!({ "query": LONG_ARTICLES, "variables": from_start }))
+        .send()
+        .await
+        .unwrap();
+    let mut resumed = Events::new(resumed);
+    while delivered.len() < published.len() {
+        let result = resumed.next_result().await;
+        let id = result["data"]["articlePublished"]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{result}"));
+        delivered.push(id.to_owned());
+    }
+    assert_eq!(delivered, published, "a gap or a duplicate");
+}
+
+#[tokio::test]
+async fn an_operation_that_does_not_validate_is_a_400_with_its_errors_and_holds_neither_its_id_nor_a_place()
+ {
+    let app = TestApp::spawn_with(|config| config.ws_max_subscriptions = 1).await;
+    let (poll_id, _) = poll(&app).await;
+    let (stream_token, mut events) = single_connection(&app, None).await;
+    let fields: String = (0..3_000)
+        .map(|i| format!("a{i}: leaderboardChanged(pollId: \"x\") {{ version }} "))
+        .collect();
+    let over_the_limit = format!("subscription {{ {fields} }}");
+    let refused = [
+        ("subscription {", "does not parse"),
+        ("subscription { noSuchField }", "does not validate"),
+        (over_the_limit.as_str(), "query complexity "),
+        (LEADERBOARD, "required variable"),
+    ];
+    for (query, why) in refused {
+        let (status, body) = operation(&app, &stream_token, None, "1", query, json!({})).await;
+        assert_eq!(status, 400, "{why}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(error_code(&body), "BAD_USER_INPUT", "{why}: {body}");
+        assert!(body.get("data").is_none(), "{why}: {body}");
+    }
+    let over: Value = serde_json::from_str(
+        &operation(&app, &stream_token, None, "1", &over_the_limit, json!({}))
+            .await
+            .1,
+    )
+    .unwrap();
+    let message = over["errors"][0]["message"].as_str().unwrap();
+    assert!(message.starts_with("query complexity "), "{message}");
+
+    // None took the id "1" or the one place the stream has: a valid operation gets both, and its
+    // result is the first event on the stream.
+    let (status, body) = operation(
+        &app,
+        &stream_token,
+        None,
+        "1",
+        LEADERBOARD,
+        json!({ "p": poll_id }),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let event = events.next().await.unwrap();
+    assert_eq!(event.data["id"], "1", "{event:?}");
+    assert_eq!(event.name, "next", "{event:?}");
+    assert_eq!(
+        event.data["payload"]["data"]["leaderboardChanged"]["entries"][0]["score"], 0.0,
+        "{event:?}"
     );
 }

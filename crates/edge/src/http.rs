@@ -129,8 +129,6 @@ pub struct Settings {
     pub shutdown: CancellationToken,
     /// The status of the codes that are the server's own failure (see [`media::answer`]).
     pub server_failure: fn(&str) -> Option<StatusCode>,
-    /// The subscription fields an SSE stream resumes with `Last-Event-ID`.
-    pub resumable: &'static [stream::Resumable],
 }
 
 /// How a request at the GraphQL path is carried, and in what media type it is answered.
@@ -205,7 +203,6 @@ impl<E: Executor, H: RequestHook> Endpoint<E, H> {
         let bounds = Bounds {
             websocket: settings.websocket.clone(),
             shutdown: settings.shutdown.clone(),
-            resumable: settings.resumable,
         };
         Self {
             executor,
@@ -562,7 +559,7 @@ async fn one_stream<E: Executor, H: RequestHook>(
     request.data.insert(method);
     request.data.insert(Streamed);
     let resume = match transport {
-        stream::Transport::Sse => stream::Resume::of(&request, endpoint.bounds.resumable),
+        stream::Transport::Sse => stream::Resume::of(&request, endpoint.bounds.resumable()),
         stream::Transport::Multipart => None,
     };
     let last_event_id = head
@@ -578,7 +575,6 @@ async fn one_stream<E: Executor, H: RequestHook>(
         request,
         transport,
         &endpoint.bounds,
-        resume,
         admission.held,
     );
     stream_response(transport, body)
@@ -667,6 +663,14 @@ async fn event_stream<E: Executor, H: RequestHook>(
 /// A refusal of the single-connection mode, with the status `graphql-sse` gives it.
 fn refused_response(refused: &Refused) -> Response {
     let (status, code) = match refused {
+        Refused::Invalid(errors) => {
+            let body = json!({ "errors": errors });
+            return media::json_response(
+                StatusCode::BAD_REQUEST,
+                MediaType::Json,
+                body.to_string(),
+            );
+        }
         Refused::UnknownToken => (StatusCode::NOT_FOUND, "NOT_FOUND"),
         Refused::StreamOpen | Refused::DuplicateOperation => {
             (StatusCode::CONFLICT, CLIENT_QUERY_ERROR)
@@ -724,10 +728,10 @@ async fn start_operation<E: Executor, H: RequestHook>(
     request.data = admitted.data;
     request.data.insert(HttpMethod::Post);
     request.data.insert(Streamed);
-    let started =
-        endpoint
-            .reservations
-            .start(token, id, &endpoint.executor, request, &endpoint.bounds);
+    let started = endpoint
+        .reservations
+        .start(token, id, &endpoint.executor, request, &endpoint.bounds)
+        .await;
     match started {
         Ok(()) => StatusCode::ACCEPTED.into_response(),
         Err(refused) => refused_response(&refused),
@@ -991,10 +995,10 @@ mod tests {
                 viewer_fields: |_| false,
                 live_fields: &[],
                 send_budget: 64 * 1024,
+                resumable: &[],
             },
             shutdown: CancellationToken::new(),
             server_failure: |_| None,
-            resumable: &[],
         };
         Endpoint::new(schema, Hook, settings).routes("/graphql", "/graphql/ws")
     }

@@ -516,17 +516,24 @@ impl Extension for RequestStages {
         ctx: &ExtensionContext<'_>,
         next: NextValidation<'_>,
     ) -> Result<ValidationResult, Vec<ServerError>> {
-        let measured = self.validate(ctx, next).await?;
-        // Variables are coerced after the document validates, as the spec orders it.
-        match self
-            .unprovided
-            .lock()
-            .expect("variables lock poisoned")
-            .take()
-        {
-            Some(unprovided) => Err(vec![unprovided]),
-            None => Ok(measured),
+        let verdict = match self.validate(ctx, next).await {
+            // Variables are coerced after the document validates, as the spec orders it.
+            Ok(measured) => match self
+                .unprovided
+                .lock()
+                .expect("variables lock poisoned")
+                .take()
+            {
+                Some(unprovided) => Err(vec![unprovided]),
+                None => Ok(measured),
+            },
+            Err(errors) => Err(errors),
+        };
+        // A single-connection stream accepts an operation only once its document validated.
+        if let Some(validated) = ctx.data_opt::<crate::stream::Validated>() {
+            validated.tell(verdict.is_ok());
         }
+        verdict
     }
 
     async fn execute(

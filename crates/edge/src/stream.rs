@@ -12,7 +12,9 @@
 //! (text); a GET or POST that accepts `text/event-stream` and carries the token (header
 //! [`TOKEN_HEADER`], or the `token` URL parameter for an `EventSource`) opens it; operations are
 //! POSTed with the token and `extensions.operationId` (202), their events carry
-//! `{"id", "payload"}`, and a DELETE with `?operationId=` stops one. A token nobody reserved is a
+//! `{"id", "payload"}`, and a DELETE with `?operationId=` stops one. An operation whose document
+//! does not parse or validate, or is over a limit, is a 400 with its errors, as the protocol
+//! suggests, and takes neither its id nor a place. A token nobody reserved is a
 //! 404, a second stream on one token a 409, an operation id already running a 409, an operation
 //! past [`crate::websocket::Settings::max_subscriptions`] a 429 coded
 //! [`TOO_MANY_OPERATIONS`]. A reservation whose stream does not open within the websocket init
@@ -26,26 +28,32 @@
 //!
 //! **Resuming** (distinct SSE streams): each `next` of a [`Resumable`] field carries the event's
 //! cursor as its SSE `id`, and a request with `Last-Event-ID` (what an `EventSource` sends when it
-//! reconnects) runs with that cursor as the field's argument, when the operation passes the
-//! argument as a variable.
+//! reconnects) runs with that cursor as the field's argument: the value of the variable the
+//! operation passes there, or written into the document in place of a literal or where the
+//! argument is missing (not into a persisted document's text, which must keep its hash).
 //!
 //! Credentials that expire end, as on a websocket, the operations that read the viewer: their
 //! last result is an error coded `UNAUTHENTICATED`, then their end.
 //!
 //! Every stream is bounded as a websocket is: what the client has not read waits within the send
-//! budget; a snapshot replaces its operation's unsent one in place; an event past the budget cuts
-//! the response (no `complete`, no final boundary), which clients take as a network failure and
-//! reconnect. When the server shuts down, SSE streams end without `complete` (clients reconnect)
+//! budget; a snapshot replaces its operation's unsent one in place; an event past the budget ends
+//! its operation alone (the stream, for a distinct one) with a last result whose error is coded
+//! `RESYNC_REQUIRED`, carrying in `extensions.cursor` the cursor of the operation's last event
+//! queued before it, then its end; it and what would follow it are dropped. Ends may wait past
+//! the budget, up to twice it. A snapshot past the budget with no unsent one to replace, or an end
+//! past twice it, cuts the response (no `complete`, no final boundary), which clients take as a
+//! network failure and reconnect. When the server shuts down, SSE streams end without `complete` (clients reconnect)
 //! and multipart responses end with an error coded `SHUTTING_DOWN` in the part's `errors`.
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
-use async_graphql::Response;
+use async_graphql::{Positioned, Response};
 use axum::body::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::stream::{BoxStream, Stream};
@@ -75,6 +83,8 @@ pub const STREAM_BYTES_SENT: &str = "pulse_live_stream_bytes_sent_total";
 pub const STREAM_QUEUED_BYTES: &str = "pulse_live_stream_queued_bytes";
 pub const STREAM_SNAPSHOTS_REPLACED: &str = "pulse_live_stream_snapshots_replaced_total";
 pub const STREAM_SLOW_CONSUMER_CUTS: &str = "pulse_live_stream_slow_consumer_cuts_total";
+/// Event streams ended with `RESYNC_REQUIRED` for falling more than the send budget behind.
+pub const STREAM_SLOW_CONSUMER_RESYNCS: &str = "pulse_live_stream_slow_consumer_resyncs_total";
 
 /// How a stream's messages are framed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,13 +147,29 @@ pub struct Resumable {
     pub argument: &'static str,
 }
 
-/// Where a resumable operation's cursor is in each result, and the variable its argument takes.
-#[derive(Debug, PartialEq, Eq)]
+/// Where a resumable operation's cursor is in each result, and how a cursor to resume after
+/// reaches its argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Resume {
     /// The field's key in the result: its alias, or its name.
     key: String,
     cursor: &'static str,
-    variable: Option<String>,
+    argument: &'static str,
+    fill: Fill,
+}
+
+/// How `Last-Event-ID` becomes the resumable field's argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Fill {
+    /// The argument is this variable: the cursor is its value.
+    Variable(String),
+    /// The argument is a literal, or absent: the cursor is written into the document in place of
+    /// the bytes `at` (an empty range where it is inserted), in parentheses when the field has no
+    /// argument list.
+    Text {
+        at: Range<usize>,
+        parenthesized: bool,
+    },
 }
 
 impl Resume {
@@ -170,28 +196,84 @@ impl Resume {
             .iter()
             .find(|resumable| resumable.field == field.name.node.as_str())?;
         let key = field.alias.as_ref().unwrap_or(&field.name).node.to_string();
-        let variable = match field
-            .get_argument(resumable.argument)
-            .map(|value| &value.node)
-        {
-            Some(async_graphql_value::Value::Variable(name)) => Some(name.to_string()),
-            _ => None,
+        let query = request.query.as_str();
+        let start_of = |name: &Positioned<async_graphql::Name>| offset(query, name.pos, &name.node);
+        let argument = field
+            .arguments
+            .iter()
+            .position(|(name, _)| name.node == resumable.argument);
+        let fill = match argument {
+            Some(index) => {
+                let (name, value) = &field.arguments[index];
+                if let async_graphql_value::Value::Variable(variable) = &value.node {
+                    Fill::Variable(variable.to_string())
+                } else {
+                    let start = start_of(name)?;
+                    let end = match field.arguments.get(index + 1) {
+                        Some((next, _)) => start_of(next)?,
+                        None => closing_parenthesis(query, start)?,
+                    };
+                    Fill::Text {
+                        at: start..end,
+                        parenthesized: false,
+                    }
+                }
+            }
+            None => match field.arguments.first() {
+                Some((first, _)) => {
+                    let at = start_of(first)?;
+                    Fill::Text {
+                        at: at..at,
+                        parenthesized: false,
+                    }
+                }
+                None => {
+                    let end = start_of(&field.name)? + field.name.node.len();
+                    Fill::Text {
+                        at: end..end,
+                        parenthesized: true,
+                    }
+                }
+            },
         };
         Some(Self {
             key,
             cursor: resumable.cursor,
-            variable,
+            argument: resumable.argument,
+            fill,
         })
     }
 
-    /// Resumes after `last_event_id`, where the operation takes its cursor from a variable.
+    /// Resumes after `last_event_id`, which is newer than any cursor the document names: the
+    /// event the client received last. A variable takes it as its value; a literal is replaced by
+    /// it and a missing argument added, except in a persisted document, whose text must keep its
+    /// hash (it must take the argument as a variable to resume).
     pub(crate) fn after(&self, request: &mut async_graphql::Request, last_event_id: &str) {
-        if let Some(variable) = &self.variable {
-            request.variables.insert(
-                async_graphql::Name::new(variable),
-                async_graphql::Value::String(last_event_id.to_owned()),
-            );
+        match &self.fill {
+            Fill::Variable(variable) => {
+                request.variables.insert(
+                    async_graphql::Name::new(variable),
+                    async_graphql::Value::String(last_event_id.to_owned()),
+                );
+            }
+            Fill::Text { at, parenthesized } => {
+                if request.extensions.contains_key("persistedQuery") {
+                    return;
+                }
+                let cursor = serde_json::to_string(last_event_id).expect("a string serializes");
+                let argument = if *parenthesized {
+                    format!("({}: {cursor})", self.argument)
+                } else {
+                    format!("{}: {cursor} ", self.argument)
+                };
+                request.query.replace_range(at.clone(), &argument);
+            }
         }
+    }
+
+    /// The cursor of the event in `result`, a result serialized as JSON.
+    pub(crate) fn cursor_in<'r>(&self, result: &'r serde_json::Value) -> Option<&'r str> {
+        result["data"][self.key.as_str()][self.cursor].as_str()
     }
 
     /// The cursor of the event in `response`, if it has one that fits on an `id:` line.
@@ -211,27 +293,79 @@ impl Resume {
     }
 }
 
+/// The byte offset in `query` of the token at `pos` that starts with `token`. The parser counts
+/// lines at `\n` and starts a column again after a `\r`, so a position can name more than one
+/// offset; the token tells them apart.
+fn offset(query: &str, pos: async_graphql::Pos, token: &str) -> Option<usize> {
+    let (mut line, mut column) = (1, 1);
+    for (at, character) in query.char_indices() {
+        if line == pos.line && column == pos.column && query[at..].starts_with(token) {
+            return Some(at);
+        }
+        match character {
+            '\n' => (line, column) = (line + 1, 1),
+            '\r' => column = 1,
+            _ => column += 1,
+        }
+    }
+    None
+}
+
+/// The offset of the `)` that closes an argument list, scanning from within it: parentheses
+/// appear in values only inside strings, and in comments.
+fn closing_parenthesis(query: &str, from: usize) -> Option<usize> {
+    let bytes = query.as_bytes();
+    let mut at = from;
+    while at < bytes.len() {
+        match bytes[at] {
+            b')' => return Some(at),
+            b'#' => at += query[at..].find(['\n', '\r']).unwrap_or(query.len() - at),
+            b'"' if query[at..].starts_with("\"\"\"") => {
+                at += 3;
+                loop {
+                    let rest = &query[at..];
+                    let end = rest.find("\"\"\"")?;
+                    at += end + 3;
+                    // `\"""` is an escaped quote, not the end of the block string.
+                    if !rest[..end].ends_with('\\') {
+                        break;
+                    }
+                }
+                continue;
+            }
+            b'"' => {
+                at += 1;
+                while *bytes.get(at)? != b'"' {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    None
+}
+
 /// Where an operation's messages go, and how each is framed.
 #[derive(Debug)]
 enum Framing {
     /// The operation is the stream: `next` carries the result (and, resumable, its cursor as the
     /// event's `id`), `complete` ends the stream.
-    Distinct(Option<Resume>),
+    Distinct,
     /// One of a single-connection stream's operations, by its id.
     Single(String),
     Multipart,
 }
 
 impl Framing {
-    fn next(&self, response: &Response) -> Bytes {
+    /// A result's message; `cursor`, the event's, is its SSE `id` on a distinct stream.
+    fn next(&self, response: &Response, cursor: Option<&str>) -> Bytes {
         let result = serde_json::to_string(response).expect("a GraphQL response serializes");
         match self {
-            Self::Distinct(resume) => {
-                match resume.as_ref().and_then(|resume| resume.event_id(response)) {
-                    Some(id) => Bytes::from(format!("id: {id}\nevent: next\ndata: {result}\n\n")),
-                    None => sse_event("next", &result),
-                }
-            }
+            Self::Distinct => match cursor {
+                Some(id) => Bytes::from(format!("id: {id}\nevent: next\ndata: {result}\n\n")),
+                None => sse_event("next", &result),
+            },
             Self::Single(id) => {
                 let id = serde_json::to_string(id).expect("a string serializes");
                 sse_event("next", &format!(r#"{{"id":{id},"payload":{result}}}"#))
@@ -245,7 +379,7 @@ impl Framing {
     fn complete(&self) -> Option<Bytes> {
         match self {
             // `data:` with nothing after it, so that an `EventSource` dispatches the event.
-            Self::Distinct(_) => Some(Bytes::from_static(b"event: complete\ndata:\n\n")),
+            Self::Distinct => Some(Bytes::from_static(b"event: complete\ndata:\n\n")),
             Self::Single(id) => {
                 let id = serde_json::json!({ "id": id });
                 Some(sse_event("complete", &id.to_string()))
@@ -404,6 +538,10 @@ impl Inlet {
         Ok(())
     }
 
+    fn transport(&self) -> Transport {
+        lock(&self.queue).transport
+    }
+
     /// Messages of the protocol itself (a `complete`, an error) are a few bytes each and never
     /// refused.
     fn push_control(&self, bytes: Bytes) {
@@ -411,6 +549,19 @@ impl Inlet {
         if queue.end.is_none() {
             queue.enqueue(bytes, None);
         }
+    }
+
+    /// The end of an operation that fell behind, past the budget but not past twice it: a client
+    /// that keeps starting operations without reading would otherwise pile ends up.
+    fn push_end(&self, bytes: Bytes) -> Result<(), OverBudget> {
+        let mut queue = lock(&self.queue);
+        if queue.end.is_none() {
+            if queue.bytes + bytes.len() > 2 * queue.budget {
+                return Err(OverBudget);
+            }
+            queue.enqueue(bytes, None);
+        }
+        Ok(())
     }
 
     /// A heartbeat, unless something is waiting already (which shows the stream alive as well).
@@ -512,24 +663,57 @@ impl Stream for Outlet {
 pub(crate) struct Bounds {
     pub(crate) websocket: websocket::Settings,
     pub(crate) shutdown: CancellationToken,
-    pub(crate) resumable: &'static [Resumable],
 }
 
 impl Bounds {
-    /// The operation counted as running, whether each of its results is a whole snapshot, and
-    /// when it ends for want of credentials: when those it runs with expire, if it reads the
-    /// viewer.
-    fn live(
-        &self,
-        transport: Transport,
-        request: &async_graphql::Request,
-    ) -> (Running, bool, Option<SystemTime>) {
+    /// The operation counted as running, and what its pump must know of it.
+    fn live(&self, transport: Transport, request: &async_graphql::Request) -> (Running, Live) {
+        (Running::new(transport), self.live_of(request))
+    }
+
+    /// What an operation's pump must know of it.
+    fn live_of(&self, request: &async_graphql::Request) -> Live {
         let (snapshot, reads_viewer) = websocket::snapshot_and_viewer(request, &self.websocket);
         let expires = reads_viewer
             .then(|| websocket::credentials_expire(&request.data))
             .flatten();
-        (Running::new(transport), snapshot, expires)
+        Live {
+            snapshot,
+            expires,
+            resume: Resume::of(request, self.websocket.resumable),
+        }
     }
+
+    pub(crate) fn resumable(&self) -> &'static [Resumable] {
+        self.websocket.resumable
+    }
+}
+
+/// What an operation's pump knows of it.
+struct Live {
+    /// Each of its results is a whole snapshot.
+    snapshot: bool,
+    /// When it ends for want of credentials: when those it runs with expire, if it reads the
+    /// viewer.
+    expires: Option<SystemTime>,
+    /// Where its events carry their cursor, for a resumable field.
+    resume: Option<Resume>,
+}
+
+/// The last result of an event stream whose client fell more than the send budget behind:
+/// `cursor` is that of the last event the client receives before it.
+fn fell_behind(cursor: Option<String>) -> Response {
+    let mut error = async_graphql::ServerError::new(
+        "the client fell more than its send budget behind; subscribe again after \
+         extensions.cursor (or, without one, read again)",
+        None,
+    );
+    let extensions = error.extensions.get_or_insert_with(Default::default);
+    extensions.set("code", websocket::RESYNC_REQUIRED);
+    if let Some(cursor) = cursor {
+        extensions.set("cursor", cursor);
+    }
+    Response::from_errors(vec![error])
 }
 
 /// The last result of an operation whose credentials expired.
@@ -573,17 +757,19 @@ enum Pumped {
 
 /// Moves one operation's results into `inlet` until it completes, `stop` is cancelled, the
 /// client goes, or the credentials expire (then an error coded `UNAUTHENTICATED` is its last
-/// result). A result past the budget cuts the stream, unless it is a snapshot.
+/// result). An event past the budget is dropped with whatever would follow it, and the operation
+/// ends with an error coded `RESYNC_REQUIRED` carrying the cursor of its last event queued; a
+/// snapshot past the budget, which had no unsent one to replace, cuts the stream.
 async fn pump(
     mut responses: BoxStream<'static, Response>,
     framing: &Framing,
     snapshot_of: Option<&str>,
-    expires: Option<SystemTime>,
+    live: &Live,
     inlet: &Inlet,
     stop: &CancellationToken,
 ) -> Pumped {
     let expiry = async {
-        match expires {
+        match live.expires {
             Some(at) => {
                 let left = at.duration_since(SystemTime::now()).unwrap_or_default();
                 tokio::time::sleep(left).await;
@@ -592,13 +778,14 @@ async fn pump(
         }
     };
     let mut expiry = std::pin::pin!(expiry);
+    let mut last_cursor = None;
     loop {
         let response = tokio::select! {
             biased;
             () = inlet.gone.cancelled() => return Pumped::Stopped,
             () = stop.cancelled() => return Pumped::Stopped,
             () = &mut expiry => {
-                inlet.push_control(framing.next(&credentials_expired()));
+                inlet.push_control(framing.next(&credentials_expired(), None));
                 None
             }
             response = responses.next() => response,
@@ -609,9 +796,34 @@ async fn pump(
             }
             return Pumped::Completed;
         };
-        if inlet.push(framing.next(&response), snapshot_of).is_err() {
-            inlet.cut();
-            return Pumped::Stopped;
+        let cursor = live
+            .resume
+            .as_ref()
+            .and_then(|resume| resume.event_id(&response));
+        match inlet.push(framing.next(&response, cursor), snapshot_of) {
+            Ok(()) => {
+                if let Some(cursor) = cursor {
+                    last_cursor = Some(cursor.to_owned());
+                }
+            }
+            Err(OverBudget) if snapshot_of.is_none() => {
+                let mut end = framing.next(&fell_behind(last_cursor), None).to_vec();
+                if let Some(complete) = framing.complete() {
+                    end.extend_from_slice(&complete);
+                }
+                if inlet.push_end(Bytes::from(end)).is_err() {
+                    inlet.cut();
+                    return Pumped::Stopped;
+                }
+                let transport = inlet.transport().label();
+                metrics::counter!(STREAM_SLOW_CONSUMER_RESYNCS, "transport" => transport)
+                    .increment(1);
+                return Pumped::Completed;
+            }
+            Err(OverBudget) => {
+                inlet.cut();
+                return Pumped::Stopped;
+            }
         }
     }
 }
@@ -622,15 +834,14 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
     request: async_graphql::Request,
     transport: Transport,
     bounds: &Bounds,
-    resume: Option<Resume>,
     held: Box<dyn Any + Send>,
 ) -> impl Stream<Item = Result<Bytes, SlowConsumer>> + Send + 'static {
     let (inlet, outlet) = channel(transport, bounds.websocket.send_budget, held);
-    let (running, snapshot, expires) = bounds.live(transport, &request);
-    let snapshot = snapshot.then_some("");
+    let (running, live) = bounds.live(transport, &request);
+    let snapshot = live.snapshot.then_some("");
     let responses = executor.execute_stream(request, None);
     let framing = match transport {
-        Transport::Sse => Framing::Distinct(resume),
+        Transport::Sse => Framing::Distinct,
         Transport::Multipart => Framing::Multipart,
     };
     let heartbeat = match transport {
@@ -642,7 +853,7 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
         let _running = running;
         let stop = CancellationToken::new();
         let pumped = {
-            let pumping = pump(responses, &framing, snapshot, expires, &inlet, &stop);
+            let pumping = pump(responses, &framing, snapshot, &live, &inlet, &stop);
             let mut pumping = std::pin::pin!(pumping);
             let mut beats = heartbeats(heartbeat);
             loop {
@@ -693,7 +904,7 @@ struct Reservation {
 }
 
 /// Why a single-connection request is refused.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub(crate) enum Refused {
     /// No reservation has this token (404).
     UnknownToken,
@@ -703,6 +914,9 @@ pub(crate) enum Refused {
     DuplicateOperation,
     /// The stream runs as many operations as it may (429).
     TooManyOperations(usize),
+    /// The operation's document does not parse or validate, or is over a limit (400): the
+    /// errors, coded as a response's are.
+    Invalid(Vec<async_graphql::ServerError>),
 }
 
 impl Refused {
@@ -714,6 +928,7 @@ impl Refused {
             Self::TooManyOperations(max) => {
                 format!("more than {max} operations at once on one event stream")
             }
+            Self::Invalid(_) => "the operation does not validate".to_owned(),
         }
     }
 }
@@ -782,13 +997,15 @@ impl Reservations {
         Ok(outlet)
     }
 
-    /// Runs `request` on the stream reserved under `token` as operation `id`.
-    pub(crate) fn start<E: async_graphql::Executor>(
+    /// Runs `request` on the stream reserved under `token` as operation `id`, once its document
+    /// validated: one that does not (or is over a limit) is refused with its errors and holds
+    /// nothing, neither its id nor a place under the cap.
+    pub(crate) async fn start<E: async_graphql::Executor>(
         &self,
         token: &str,
         id: String,
         executor: &E,
-        request: async_graphql::Request,
+        mut request: async_graphql::Request,
         bounds: &Bounds,
     ) -> Result<(), Refused> {
         let (inlet, operations) = {
@@ -796,25 +1013,36 @@ impl Reservations {
             let reservation = reservations.get(token).ok_or(Refused::UnknownToken)?;
             (reservation.inlet.clone(), reservation.operations.clone())
         };
-        let stop = Arc::new(CancellationToken::new());
-        {
-            let mut running = lock_map(&operations);
+        let max = bounds.websocket.max_subscriptions;
+        let room = |running: &HashMap<String, Arc<CancellationToken>>| {
             if running.contains_key(&id) {
                 return Err(Refused::DuplicateOperation);
             }
-            let max = bounds.websocket.max_subscriptions;
             if running.len() >= max {
                 return Err(Refused::TooManyOperations(max));
             }
+            Ok(())
+        };
+        room(&lock_map(&operations))?;
+        let live = bounds.live_of(&request);
+        let (validated, verdict) = Validated::new();
+        request.data.insert(validated);
+        let mut responses = executor.execute_stream(request, None);
+        let first = admitted(&mut responses, verdict).await?;
+        let stop = Arc::new(CancellationToken::new());
+        {
+            // Checked again: another request may have taken the id or the last place meanwhile.
+            let mut running = lock_map(&operations);
+            room(&running)?;
             running.insert(id.clone(), stop.clone());
         }
-        let (counted, snapshot, expires) = bounds.live(Transport::Sse, &request);
-        let responses = executor.execute_stream(request, None);
+        let counted = Running::new(Transport::Sse);
+        let responses = futures_util::stream::iter(first).chain(responses).boxed();
         tokio::spawn(async move {
             let _counted = counted;
             let framing = Framing::Single(id.clone());
-            let snapshot_of = snapshot.then_some(id.as_str());
-            pump(responses, &framing, snapshot_of, expires, &inlet, &stop).await;
+            let snapshot_of = live.snapshot.then_some(id.as_str());
+            pump(responses, &framing, snapshot_of, &live, &inlet, &stop).await;
             let mut running = lock_map(&operations);
             // A stopped id may have been reused already: only this run's entry goes.
             if running
@@ -840,6 +1068,50 @@ impl Reservations {
         }
         Ok(())
     }
+}
+
+/// Whether a request's document validated, limits included, as the pipeline tells it: what a
+/// single-connection operation waits for before it is accepted.
+pub struct Validated(Mutex<Option<tokio::sync::oneshot::Sender<bool>>>);
+
+impl Validated {
+    fn new() -> (Self, tokio::sync::oneshot::Receiver<bool>) {
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        (Self(Mutex::new(Some(sender))), receiver)
+    }
+
+    /// The validation's verdict, once.
+    pub(crate) fn tell(&self, valid: bool) {
+        if let Some(sender) = lock_map(&self.0).take() {
+            let _ = sender.send(valid);
+        }
+    }
+}
+
+/// Waits for the verdict on the document of `responses`, driving it meanwhile: `Ok` with what it
+/// sent already (a query's result may come at once) if it validated, else its errors. A document
+/// refused before validation (it does not parse, a limit of the guard) never gets a verdict, but
+/// its errors come as the first response.
+async fn admitted(
+    responses: &mut BoxStream<'static, Response>,
+    mut verdict: tokio::sync::oneshot::Receiver<bool>,
+) -> Result<Option<Response>, Refused> {
+    let refusal = tokio::select! {
+        biased;
+        told = &mut verdict => match told {
+            Ok(true) => return Ok(None),
+            _ => responses.next().await,
+        },
+        first = responses.next() => {
+            if verdict.try_recv() == Ok(true) {
+                return Ok(first);
+            }
+            first
+        }
+    };
+    Err(Refused::Invalid(
+        refusal.map(|response| response.errors).unwrap_or_default(),
+    ))
 }
 
 /// An unguessable token: 128 random bits in hex.
@@ -899,7 +1171,7 @@ mod tests {
         let (inlet, mut outlet) = channel(Transport::Multipart, 1000, Box::new(()));
         // The opening boundary waits: a heartbeat would add nothing.
         inlet.heartbeat();
-        let framed = Framing::Multipart.next(&Response::new(async_graphql::Value::Null));
+        let framed = Framing::Multipart.next(&Response::new(async_graphql::Value::Null), None);
         inlet.push(framed, None).unwrap();
         inlet.finish();
         let sent = text(&drained(&mut outlet));
@@ -916,7 +1188,7 @@ mod tests {
         let response = Response::new(async_graphql::Value::from(1));
         let single = Framing::Single("op \"1\"".to_owned());
         assert_eq!(
-            single.next(&response),
+            single.next(&response, Some("c1")),
             "event: next\ndata: {\"id\":\"op \\\"1\\\"\",\"payload\":{\"data\":1}}\n\n"
         );
         assert_eq!(
@@ -924,11 +1196,11 @@ mod tests {
             "event: complete\ndata: {\"id\":\"op \\\"1\\\"\"}\n\n"
         );
         assert_eq!(
-            Framing::Distinct(None).next(&response),
+            Framing::Distinct.next(&response, None),
             "event: next\ndata: {\"data\":1}\n\n"
         );
         assert_eq!(
-            Framing::Distinct(None).complete().unwrap(),
+            Framing::Distinct.complete().unwrap(),
             "event: complete\ndata:\n\n"
         );
     }
@@ -940,7 +1212,7 @@ mod tests {
     }];
 
     #[test]
-    fn a_resumable_event_carries_its_cursor_as_its_id_and_last_event_id_becomes_the_variable() {
+    fn a_resumable_event_carries_its_cursor_as_its_id_and_last_event_id_becomes_its_argument() {
         let query = "subscription($from: String) { latest: news(after: $from) { cursor } }";
         let resume = Resume::of(&async_graphql::Request::new(query), RESUMABLE).unwrap();
         let mut request = async_graphql::Request::new(query);
@@ -952,23 +1224,60 @@ mod tests {
         let data = serde_json::json!({ "latest": { "cursor": "c42" } });
         let response = Response::new(async_graphql::Value::from_json(data).unwrap());
         assert_eq!(
-            Framing::Distinct(Some(resume)).next(&response),
+            Framing::Distinct.next(&response, resume.event_id(&response)),
             "id: c42\nevent: next\ndata: {\"data\":{\"latest\":{\"cursor\":\"c42\"}}}\n\n"
         );
 
-        let literal = "subscription { news(after: \"c1\") { cursor } }";
-        let resume = Resume::of(&async_graphql::Request::new(literal), RESUMABLE).unwrap();
-        let mut request = async_graphql::Request::new(literal);
-        resume.after(&mut request, "c41");
-        assert!(
-            request.variables.is_empty(),
-            "a literal is the client's own"
+        let resumed = |query: &str| {
+            let mut request = async_graphql::Request::new(query);
+            Resume::of(&request, RESUMABLE)
+                .unwrap()
+                .after(&mut request, "c\"41");
+            request.query
+        };
+        // The header names the event received last, newer than any cursor the document holds.
+        assert_eq!(
+            resumed("subscription { news(after: \"c1\", first: 2) { cursor } }"),
+            "subscription { news(after: \"c\\\"41\" first: 2) { cursor } }"
         );
+        assert_eq!(
+            resumed(
+                "subscription {\r\n  news(first: 2,\r\n after: \"\"\"a)\\\"\"\"b\"\"\" # )\n) { cursor } }"
+            ),
+            "subscription {\r\n  news(first: 2,\r\n after: \"c\\\"41\" ) { cursor } }"
+        );
+        assert_eq!(
+            resumed("subscription { n: news(first: 2) { cursor } }"),
+            "subscription { n: news(after: \"c\\\"41\" first: 2) { cursor } }"
+        );
+        assert_eq!(
+            resumed("subscription { news @skip(if: false) { cursor } }"),
+            "subscription { news(after: \"c\\\"41\") @skip(if: false) { cursor } }"
+        );
+        let persisted = "subscription { news { cursor } }";
+        let mut request = async_graphql::Request::new(persisted);
+        request
+            .extensions
+            .insert("persistedQuery".to_owned(), async_graphql::Value::Null);
+        Resume::of(&request, RESUMABLE)
+            .unwrap()
+            .after(&mut request, "c41");
+        assert_eq!(request.query, persisted, "a persisted text keeps its hash");
         let two = "subscription { news { cursor } board { top } }";
         assert_eq!(
             Resume::of(&async_graphql::Request::new(two), RESUMABLE),
             None
         );
+    }
+
+    #[test]
+    fn an_end_waits_past_the_budget_up_to_twice_it() {
+        let (inlet, _outlet) = channel(Transport::Sse, 100, Box::new(()));
+        // The opening comment's 3 bytes and these 97 fill the budget.
+        inlet.push(Bytes::from("e".repeat(97)), None).unwrap();
+        assert_eq!(inlet.push(Bytes::from("e"), None), Err(OverBudget));
+        assert_eq!(inlet.push_end(Bytes::from("x".repeat(60))), Ok(()));
+        assert_eq!(inlet.push_end(Bytes::from("x".repeat(60))), Err(OverBudget));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! | 4409 | a graphql-transport-ws `subscribe` under an id already running (async-graphql would silently replace it) |
 //! | 1008 | a `subscribe` past the operations one socket may run at once (policy violation) |
 //! | 3008 | nothing at all heard from the client within the pong timeout after a ping |
-//! | 4413 | an event stream's message past the send budget of a client that does not keep up |
+//! | 4413 | a message past the send budget of a client that does not keep up, which is not an event of a running operation (a snapshot with no unsent one to replace, say) |
 //! | 1001 | the server shuts down ("going away") |
 //!
 //! Pings: every ping interval the server sends graphql-transport-ws's `ping`, which its clients
@@ -20,8 +20,14 @@
 //! Slow consumers: what the server sends waits in the connection's own queue until the socket
 //! takes it, within [`Settings::send_budget`] bytes (beyond the socket's write buffer). A snapshot
 //! ([`LiveKind::Snapshot`]) replaces its operation's unsent one in place, so a client that reads
-//! again gets the latest; an event cannot be dropped without the client knowing, so one past the
-//! budget closes the socket with 4413, which a client treats as a cue to reconnect.
+//! again gets the latest. An event cannot be dropped without the client knowing: one past the
+//! budget ends its operation alone, with a last `next` whose error is coded
+//! [`RESYNC_REQUIRED`] (the same end a resumed stream whose history is gone has) and `complete`.
+//! Its `extensions.cursor`, for a [`Settings::resumable`] field, is the cursor of the operation's
+//! last event queued before it, the last the client receives: subscribing again after it resumes
+//! with no gap. What was queued stays, the event and what would follow it are dropped; the socket
+//! and its other operations go on. The ends may wait past the budget, up to twice it; an end past
+//! that (a client that keeps subscribing without reading) closes the socket with 4413.
 //!
 //! Credentials that expire: when `on_init`'s data holds a [`CredentialsExpire`], the operations
 //! that read something of the viewer (those selecting a field the settings'
@@ -70,13 +76,18 @@ pub const BYTES_SENT: &str = "pulse_live_bytes_sent_total";
 pub const QUEUED_BYTES: &str = "pulse_live_queued_bytes";
 pub const SNAPSHOTS_REPLACED: &str = "pulse_live_snapshots_replaced_total";
 pub const SLOW_CONSUMER_CLOSES: &str = "pulse_live_slow_consumer_closes_total";
+/// Event streams ended with [`RESYNC_REQUIRED`] for falling more than the send budget behind.
+pub const SLOW_CONSUMER_RESYNCS: &str = "pulse_live_slow_consumer_resyncs_total";
 pub const PING_TIMEOUTS: &str = "pulse_live_ping_timeouts_total";
 
 /// The close code of a socket from which nothing was heard within the pong timeout.
 pub const PING_TIMEOUT: u16 = 3008;
-/// The close code of a socket that fell more than its send budget behind on an event stream. The
-/// client may reconnect and subscribe again; what it missed in between is not sent.
+/// The close code of a socket that fell more than its send budget behind on a message that is not
+/// an event of a running operation. The client may reconnect and subscribe again.
 pub const SLOW_CONSUMER: u16 = 4413;
+/// The code of the error that ends an event stream whose client fell more than the send budget
+/// behind: what it missed since `extensions.cursor` must be replayed or re-read.
+pub const RESYNC_REQUIRED: &str = "RESYNC_REQUIRED";
 
 /// How a connection is bounded.
 #[derive(Clone, Debug)]
@@ -97,8 +108,12 @@ pub struct Settings {
     pub live_fields: &'static [LiveField],
     /// Bytes of messages that may wait for a socket that does not keep up (beyond the socket's own
     /// write buffer; one larger message may wait alone). Past it, a snapshot replaces its
-    /// operation's unsent one; anything else closes the socket with [`SLOW_CONSUMER`].
+    /// operation's unsent one; an event ends its operation with [`RESYNC_REQUIRED`]; anything
+    /// else closes the socket with [`SLOW_CONSUMER`].
     pub send_budget: usize,
+    /// The event streams whose events carry a cursor to resume after, which the error that ends
+    /// one fallen behind carries, and which an SSE client resumes with `Last-Event-ID`.
+    pub resumable: &'static [crate::stream::Resumable],
 }
 
 /// A subscription field of the schema.
@@ -298,6 +313,21 @@ pub async fn serve<E, OnInit, InitFuture>(
                     let pushed = match outgoing {
                         Outgoing::Send(text) => outbox.push(text, None),
                         Outgoing::Snapshot(text, id) => outbox.push(text, Some(id)),
+                        Outgoing::Event { text, id, cursor } => {
+                            if outbox.push(text, None).is_ok() {
+                                lock(&session).queued(&id, cursor);
+                                continue;
+                            }
+                            let cursor = lock(&session).fell_behind(&id);
+                            if let Some(forward) = &forward {
+                                let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
+                            }
+                            if outbox.push_resync(protocol, &id, cursor).is_ok() {
+                                metrics::counter!(SLOW_CONSUMER_RESYNCS).increment(1);
+                                continue;
+                            }
+                            Err(OverBudget)
+                        }
                         Outgoing::Drop => continue,
                     };
                     if pushed.is_err() {
@@ -456,6 +486,42 @@ impl Outbox {
         self.push_control(Message::Ping(Default::default()));
     }
 
+    /// The end of event stream `id`, fallen behind: a last result whose error is coded
+    /// [`RESYNC_REQUIRED`], with the cursor of the last event queued before it, then `complete`.
+    /// Ends wait past the budget, but not past twice it: a client that keeps subscribing without
+    /// reading would otherwise pile them up.
+    fn push_resync(
+        &mut self,
+        protocol: WebSocketProtocols,
+        id: &str,
+        cursor: Option<String>,
+    ) -> Result<(), OverBudget> {
+        let mut extensions = serde_json::json!({ "code": RESYNC_REQUIRED });
+        if let Some(cursor) = cursor {
+            extensions["cursor"] = cursor.into();
+        }
+        let result = serde_json::json!({
+            "data": null,
+            "errors": [{
+                "message": "the client fell more than its send budget behind; subscribe again \
+                            after extensions.cursor (or, without one, read again)",
+                "extensions": extensions,
+            }],
+        });
+        let kind = match protocol {
+            WebSocketProtocols::GraphQLWS => "next",
+            WebSocketProtocols::SubscriptionsTransportWS => "data",
+        };
+        let next = serde_json::json!({ "type": kind, "id": id, "payload": result }).to_string();
+        let complete = serde_json::json!({ "type": "complete", "id": id }).to_string();
+        if self.bytes + next.len() + complete.len() > 2 * self.budget {
+            return Err(OverBudget);
+        }
+        self.push_control(Message::Text(next.into()));
+        self.push_control(Message::Text(complete.into()));
+        Ok(())
+    }
+
     /// The end of operation `id` for want of valid credentials: an `error` coded
     /// `UNAUTHENTICATED`, then `complete`.
     fn push_ended(&mut self, protocol: WebSocketProtocols, id: &str) {
@@ -521,7 +587,7 @@ pub(crate) fn credentials_expire(data: &Data) -> Option<SystemTime> {
 }
 
 /// What the driver knows of a running operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Operation {
     /// Its subscription field, as the metrics name it (`other` for what the settings do not list,
     /// so that a client cannot invent label values).
@@ -530,6 +596,10 @@ struct Operation {
     reads_viewer: bool,
     /// Each of its messages is a whole snapshot.
     snapshot: bool,
+    /// Where its events carry their cursor, for a resumable field.
+    resume: Option<crate::stream::Resume>,
+    /// The cursor of its last event queued for the client.
+    last_cursor: Option<String>,
 }
 
 /// The operation `request` runs. A document that does not parse here (or a persisted one, sent by
@@ -539,6 +609,8 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
         field: "other",
         reads_viewer: true,
         snapshot: false,
+        resume: None,
+        last_cursor: None,
     };
     // The parser recurses once per nesting level: a document nested past the guard's limit would
     // overflow the stack here, before the pipeline refuses it.
@@ -588,6 +660,8 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
             && fields
                 .iter()
                 .all(|live| live.is_some_and(|live| live.kind == LiveKind::Snapshot)),
+        resume: crate::stream::Resume::of(request, settings.resumable),
+        last_cursor: None,
     }
 }
 
@@ -676,6 +750,7 @@ struct SessionSettings {
     max_subscriptions: usize,
     viewer_fields: fn(&str) -> bool,
     live_fields: &'static [LiveField],
+    resumable: &'static [crate::stream::Resumable],
 }
 
 impl SessionSettings {
@@ -684,6 +759,7 @@ impl SessionSettings {
             max_subscriptions: settings.max_subscriptions,
             viewer_fields: settings.viewer_fields,
             live_fields: settings.live_fields,
+            resumable: settings.resumable,
         }
     }
 }
@@ -708,8 +784,8 @@ struct Session {
     /// The operations still running, by id: from the client's `subscribe` (`start` on the legacy
     /// protocol) until the client's or the server's `complete` (`stop`).
     running: HashMap<String, Operation>,
-    /// Operations the driver ended (their credentials expired) whose end async-graphql has not
-    /// yet confirmed: what it still sends for them is dropped.
+    /// Operations the driver ended (their credentials expired, or they fell behind) whose end
+    /// async-graphql has not yet confirmed: what it still sends for them is dropped.
     ended: HashSet<String>,
     /// When the credentials of the connection expire, and whether they have.
     expires: Option<SystemTime>,
@@ -741,6 +817,12 @@ enum Outgoing {
     Send(String),
     /// A snapshot of the operation with this id.
     Snapshot(String, String),
+    /// An event of the operation with this id, and its cursor if the operation is resumable.
+    Event {
+        text: String,
+        id: String,
+        cursor: Option<String>,
+    },
     /// A message of an operation the driver ended.
     Drop,
 }
@@ -791,6 +873,9 @@ impl Session {
                 if operation.reads_viewer && self.expired {
                     return Admission::Unauthenticated(id.clone());
                 }
+                // An id the driver ended stays in `ended` until async-graphql's `complete` for the
+                // operation it had, which comes before anything of this one (it reads the stop
+                // that precedes this start first).
                 self.start(id.clone(), operation);
             }
             ClientMessage::Stop { id } => self.stop(id),
@@ -813,6 +898,25 @@ impl Session {
             self.ended.insert(id.clone());
         }
         ended
+    }
+
+    /// Event stream `id`'s event with `cursor` is queued for the client.
+    fn queued(&mut self, id: &str, cursor: Option<String>) {
+        if let (Some(operation), Some(cursor)) = (self.running.get_mut(id), cursor) {
+            operation.last_cursor = Some(cursor);
+        }
+    }
+
+    /// Event stream `id` fell behind: it ends, and what async-graphql still sends for it is
+    /// dropped. The cursor of its last event the client receives.
+    fn fell_behind(&mut self, id: &str) -> Option<String> {
+        let cursor = self
+            .running
+            .get_mut(id)
+            .and_then(|operation| operation.last_cursor.take());
+        self.stop(id);
+        self.ended.insert(id.to_owned());
+        cursor
     }
 
     /// A server message on its way out, if it still goes: noted, and on the legacy protocol a
@@ -865,14 +969,17 @@ impl Session {
             ("complete", Some(id)) if self.ended.remove(&id) => return Outgoing::Drop,
             ("complete", Some(id)) => self.stop(&id),
             (_, Some(id)) if self.ended.contains(&id) => return Outgoing::Drop,
-            ("next" | "data", Some(id))
-                if self
-                    .running
-                    .get(&id)
-                    .is_some_and(|operation| operation.snapshot) =>
-            {
-                return Outgoing::Snapshot(text, id);
-            }
+            ("next" | "data", Some(id)) => match self.running.get(&id) {
+                Some(operation) if operation.snapshot => return Outgoing::Snapshot(text, id),
+                Some(operation) => {
+                    let cursor = operation.resume.as_ref().and_then(|resume| {
+                        let message: serde_json::Value = serde_json::from_str(&text).ok()?;
+                        resume.cursor_in(&message["payload"]).map(str::to_owned)
+                    });
+                    return Outgoing::Event { text, id, cursor };
+                }
+                None => {}
+            },
             _ => {}
         }
         Outgoing::Send(text)
@@ -934,6 +1041,7 @@ mod tests {
                 },
             ],
             send_budget: 1024,
+            resumable: &[],
         }
     }
 
@@ -998,6 +1106,36 @@ mod tests {
         let mut empty = Outbox::new(100);
         empty.push("l".repeat(500), None).unwrap();
         assert!(empty.push("e".to_owned(), None).is_err());
+    }
+
+    #[test]
+    fn an_event_stream_fallen_behind_ends_with_its_cursor_and_ends_wait_up_to_twice_the_budget() {
+        let mut outbox = Outbox::new(1000);
+        outbox.push("e".repeat(900), None).unwrap();
+        outbox
+            .push_resync(WebSocketProtocols::GraphQLWS, "1", Some("c7".to_owned()))
+            .unwrap();
+        let Message::Text(end) = &outbox.queue[1].message else {
+            panic!("not text");
+        };
+        let end: serde_json::Value = serde_json::from_str(end.as_str()).unwrap();
+        assert_eq!(end["type"], "next");
+        assert_eq!(end["payload"]["data"], serde_json::Value::Null);
+        let extensions = &end["payload"]["errors"][0]["extensions"];
+        assert_eq!(extensions["code"], RESYNC_REQUIRED);
+        assert_eq!(extensions["cursor"], "c7");
+        assert!(
+            matches!(&outbox.queue[2].message, Message::Text(text) if text.as_str() == r#"{"id":"1","type":"complete"}"#)
+        );
+        let mut ends = 1;
+        while outbox
+            .push_resync(WebSocketProtocols::GraphQLWS, "2", None)
+            .is_ok()
+        {
+            ends += 1;
+        }
+        assert!(ends > 1, "an end waits past the budget");
+        assert!(outbox.bytes <= 2000, "{} bytes", outbox.bytes);
     }
 
     fn new_session(protocol: WebSocketProtocols) -> Session {
