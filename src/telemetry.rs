@@ -521,6 +521,12 @@ pub const METRICS: &[Metric] = &[
         initial: NO_LABELS,
     },
     Metric {
+        name: "pulse_search_documents_rewritten_total",
+        kind: MetricKind::Counter,
+        help: "Of the search documents written, those re-indexed because their text, author or dates changed (count changes rewrite none)",
+        initial: NO_LABELS,
+    },
+    Metric {
         name: "pulse_search_rebuilds_total",
         kind: MetricKind::Counter,
         help: "Rebuilds of this process's search replica from SQL (new, requested, or behind the pruning)",
