@@ -1,11 +1,11 @@
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use async_graphql::dataloader::{DataLoader, Loader};
 use futures_util::{Stream, StreamExt as _};
 use singleflight_async::SingleFlight;
+use tokio::sync::{mpsc, oneshot};
 
 use super::FeedStore;
 use crate::accounts::TokenSigner;
@@ -145,33 +145,80 @@ pub struct FeedService {
     tokens: Arc<TokenSigner>,
     hub: Hub,
     rebuilds: Arc<SingleFlight<i64, SharedResult<Rebuild>>>,
-    live_articles: Arc<DataLoader<LiveArticles>>,
+    live_articles: LiveArticles,
 }
 
+/// A live item's article and the subscriber it goes to, and where its row (or none: deleted, or
+/// an author the subscriber no longer follows) is answered.
+type LiveRead = (
+    (i64, i64),
+    oneshot::Sender<SharedResult<Option<articles::Model>>>,
+);
+
+/// Most live reads answered by one pair of queries.
+const LIVE_BATCH: usize = 500;
+
 /// The articles of live items, checked against each subscriber's follows, for all of a process's
-/// subscribers at once: an item fanned out to a thousand followers online here is read in two
-/// queries per batch, not one per follower.
-struct LiveArticles(FeedStore);
+/// subscribers at once: an item fanned out to a thousand followers online here is read in a few
+/// batches of two queries, not once per follower. While one batch is read, the reads asked for
+/// meanwhile queue and go together in the next, so a lone item waits for nothing.
+#[derive(Clone)]
+struct LiveArticles {
+    store: FeedStore,
+    /// Started by the first read, from inside the runtime; it ends when the last clone of the
+    /// service is dropped and the channel closes.
+    reads: Arc<OnceLock<mpsc::UnboundedSender<LiveRead>>>,
+}
 
-impl Loader<(i64, i64)> for LiveArticles {
-    type Value = articles::Model;
-    type Error = Arc<AppError>;
+impl LiveArticles {
+    fn new(store: FeedStore) -> Self {
+        Self {
+            store,
+            reads: Arc::default(),
+        }
+    }
 
-    async fn load(
-        &self,
-        pairs: &[(i64, i64)],
-    ) -> Result<HashMap<(i64, i64), articles::Model>, Self::Error> {
-        self.0
-            .followed_articles_of(pairs)
+    async fn read(&self, viewer: i64, article: i64) -> AppResult<Option<articles::Model>> {
+        let reads = self.reads.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(Self::serve(self.store.clone(), receiver));
+            sender
+        });
+        let (answer, answered) = oneshot::channel();
+        reads
+            .send(((viewer, article), answer))
+            .map_err(|_| AppError::Internal("the live article reader has stopped".into()))?;
+        answered
             .await
-            .map_err(AppError::shared)
+            .map_err(|_| AppError::Internal("the live article reader has stopped".into()))?
+            .map_err(AppError::Shared)
+    }
+
+    async fn serve(store: FeedStore, mut reads: mpsc::UnboundedReceiver<LiveRead>) {
+        let mut batch = Vec::with_capacity(LIVE_BATCH);
+        while reads.recv_many(&mut batch, LIVE_BATCH).await > 0 {
+            let pairs: Vec<(i64, i64)> = batch.iter().map(|(pair, _)| *pair).collect();
+            match store.followed_articles_of(&pairs).await {
+                Ok(found) => {
+                    for (pair, answer) in batch.drain(..) {
+                        let _ = answer.send(Ok(found.get(&pair).cloned()));
+                    }
+                }
+                Err(err) => {
+                    let err = err.shared();
+                    for (_, answer) in batch.drain(..) {
+                        let _ = answer.send(Err(err.clone()));
+                    }
+                }
+            }
+        }
     }
 }
 
 impl FeedService {
     pub fn new(store: FeedStore, tokens: Arc<TokenSigner>, hub: Hub) -> Self {
         Self {
-            live_articles: Arc::new(DataLoader::new(LiveArticles(store.clone()), tokio::spawn)),
+            live_articles: LiveArticles::new(store.clone()),
             store,
             tokens,
             hub,
@@ -660,9 +707,9 @@ impl FeedService {
                         if of != epoch {
                             return Some(Err(AppError::ResyncRequired(JOURNAL_RENEWED)));
                         }
-                        let row = match service.live_articles.load_one((viewer, article)).await {
+                        let row = match service.live_articles.read(viewer, article).await {
                             Ok(row) => row,
-                            Err(err) => return Some(Err(AppError::Shared(err))),
+                            Err(err) => return Some(Err(err)),
                         };
                         let mark = Mark {
                             epoch,
