@@ -74,6 +74,9 @@ pub struct Mutation(
 #[derive(MergedSubscription, Default)]
 pub struct Subscription(ArticlesSubscription, VotesSubscription, FeedSubscription);
 
+/// Longest a starting process waits for its first view flush before it serves.
+const STARTUP_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What each field of [`Subscription`] sends, for the websocket driver: a client that falls
 /// behind loses the older of two unsent snapshots, never an event.
 pub const LIVE_FIELDS: &[LiveField] = &[
@@ -362,11 +365,25 @@ impl Services {
             .grant_configured_admins(&config.admins)
             .await;
         services.search.start(workers.tasks, workers.shutdown);
+        let flusher = ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease);
+        // The first flush runs before the process serves: it is the one that repairs a Redis that
+        // came back older than SQL, and counts read before it could show views twice. A long
+        // backlog (or an unreachable Redis) is left to the periodic flush rather than hold the
+        // start; a flush cut short is re-driven like one whose process died.
+        match tokio::time::timeout(STARTUP_FLUSH_WAIT, flusher.flush_all()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "start-up view flush failed; the periodic flush retries")
+            }
+            Err(_) => tracing::warn!(
+                seconds = STARTUP_FLUSH_WAIT.as_secs(),
+                "start-up view flush still running; the periodic flush takes it over"
+            ),
+        }
         let shutdown = workers.shutdown.clone();
-        workers.tasks.spawn(
-            ViewFlusher::new(db.clone(), redis.clone(), config.view_flush_lease)
-                .run(config.view_flush_interval, shutdown),
-        );
+        workers
+            .tasks
+            .spawn(flusher.run(config.view_flush_interval, shutdown));
         if config.run_jobs {
             let redis = &redis
                 .own_connection()

@@ -114,10 +114,11 @@ impl ViewFlusher {
         Self { db, redis, lease }
     }
 
-    /// Flushes every `interval` until `shutdown`, then once more so that a clean stop leaves
-    /// nothing pending that this process could have written.
+    /// Flushes every `interval` (the first one `interval` from now: start-up flushes once before
+    /// it serves) until `shutdown`, then once more so that a clean stop leaves nothing pending
+    /// that this process could have written.
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval(interval);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_prune: Option<Instant> = None;
         loop {
