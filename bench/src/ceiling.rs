@@ -209,7 +209,7 @@ async fn like_set_call(
     Ok(Call {
         sha,
         args: vec![
-            "10".into(),
+            "11".into(),
             relation,
             shard.unarchived(),
             shard.base(),
@@ -220,6 +220,7 @@ async fn like_set_call(
             shard.rank_all_time(),
             shard.rank_bucket(&buckets::day(now, chrono_tz::UTC)),
             shard.rank_bucket(&buckets::week(now, chrono_tz::UTC)),
+            shard.article_stats_versions(),
             "1".into(),
             field.clone(),
             relation_field,
