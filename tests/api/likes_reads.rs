@@ -212,7 +212,7 @@ pub(crate) async fn next_stats(socket: &mut Socket) -> (i64, i64, i64) {
 }
 
 /// The next stats pushed on `socket`, and their version.
-async fn next_versioned_stats(socket: &mut Socket) -> ((i64, i64, i64), i64) {
+pub(crate) async fn next_versioned_stats(socket: &mut Socket) -> ((i64, i64, i64), i64) {
     let message = next_message(socket)
         .await
         .expect("the subscription goes on");

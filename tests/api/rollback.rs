@@ -1,5 +1,6 @@
 //! Redis coming back older than SQL (restarted from an old snapshot or AOF, a promoted replica)
-//! never makes a flushed view count twice.
+//! never makes a flushed view count twice, nor hands out an article stats version below one a client
+//! already holds.
 //!
 //! A snapshot here is a DUMP of every key under the test's prefix, and a restore deletes the
 //! prefix's keys and RESTOREs the dump: for one prefix, that is what `SAVE` and a restart from the
@@ -15,6 +16,8 @@ use pulse::views::ViewFlusher;
 
 use crate::crash::SqlLock;
 use crate::helpers::{TestApp, article_row, eventually, stored_article};
+use crate::likes::{set_like, users};
+use crate::likes_reads::{next_versioned_stats, watch_stats};
 use crate::views::{
     BROWSER, app_behind_proxy, concurrent_views, distinct_ip, flusher, pending_entries,
     publish_one, record, sql_view_count, view_count,
@@ -454,4 +457,49 @@ async fn sql_refuses_a_batch_taken_from_a_redis_that_rolled_back() {
     assert_eq!(fresh["data"]["recordView"]["viewCount"], 11);
     flusher(&app).flush_all().await.unwrap();
     assert_eq!(sql_view_count(&app, &article).await, 11);
+}
+
+/// A client keeps the snapshot with the highest version it has seen, so a version that went back
+/// would freeze its counters. The like part of the version moves past the shard's sequence, which
+/// never falls behind the clock: a rolled-back Redis still hands out a higher one.
+#[tokio::test]
+async fn a_redis_restored_from_an_older_snapshot_hands_out_higher_stats_versions_than_before() {
+    let app = TestApp::spawn_with(|config| config.stats_tick = Duration::from_millis(50)).await;
+    let people = users(&app, 3).await;
+    let article = app.publish(&people[0].1, "rolled back").await;
+    let mut socket = watch_stats(&app, &article).await;
+    let (_, first) = next_versioned_stats(&mut socket).await;
+    set_like(&app, Some(&people[1].1), &article, true).await;
+    let saved = snapshot(&app.state.redis).await;
+
+    let mut seen = first;
+    for like in [false, true, false] {
+        set_like(&app, Some(&people[1].1), &article, like).await;
+        let expected = i64::from(like);
+        loop {
+            let ((_, likes, _), version) = next_versioned_stats(&mut socket).await;
+            seen = seen.max(version);
+            if likes == expected {
+                break;
+            }
+        }
+    }
+    restore(&app.state.redis, &saved).await;
+
+    // The watcher still running shows its last snapshot, read before the restore; the like's
+    // announcement makes it read the restored Redis.
+    set_like(&app, Some(&people[2].1), &article, true).await;
+    let next_version = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let (_, version) = next_versioned_stats(&mut socket).await;
+            if version > seen {
+                break version;
+            }
+        }
+    })
+    .await;
+    assert!(
+        next_version.is_ok(),
+        "no stats version above {seen} within 10 s of a like on the restored Redis"
+    );
 }
