@@ -37,7 +37,7 @@ const CEILING_KEYSPACE: u64 = 100_000_000;
 const SIGN_UP_CONCURRENCY: usize = 8;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-const CAST: &str = "mutation($p:ID!,$o:ID!){ castVotes(input:{ballots:[{pollId:$p,optionId:$o}]}){ results { accepted } } }";
+pub(crate) const CAST: &str = "mutation($p:ID!,$o:ID!){ castVotes(input:{ballots:[{pollId:$p,optionId:$o}]}){ results { accepted } } }";
 
 /// The poll every vote scenario loads: every period, carry-over 0.1, bonus 3, and three rules
 /// loose enough never to refuse the load (so every call does the full work, as the ceiling's).
@@ -152,10 +152,10 @@ pub(crate) struct BallotAnswer {
 }
 
 /// One ballot by a random user for a random option; it must be accepted.
-struct VoteSender {
-    connection: GraphqlConnection,
-    bodies: Arc<[Bytes]>,
-    authorizations: Arc<[HeaderValue]>,
+pub(crate) struct VoteSender {
+    pub connection: GraphqlConnection,
+    pub bodies: Arc<[Bytes]>,
+    pub authorizations: Arc<[HeaderValue]>,
 }
 
 impl Sender for VoteSender {

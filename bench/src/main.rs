@@ -19,6 +19,9 @@
 //! - `subscribers`: N websocket subscribers of a live leaderboard under a vote stream, and N
 //!   followers under a publish stream: server memory per idle subscriber, change-to-client latency
 //!   over every (client, change) pair, server CPU per 1,000 messages; `--knee` steps N up.
+//! - `stalled-readers`: K websocket subscribers of a leaderboard and K of `articlePublished` that
+//!   stop reading while 100,000 votes and enough articles go through the server: its RSS growth
+//!   per stalled subscriber against the send budget, then what each gets when it reads again.
 
 mod cast_votes;
 mod ceiling;
@@ -38,6 +41,7 @@ mod redis_util;
 mod report;
 mod search;
 mod server;
+mod stalled;
 mod subscribers;
 
 use std::path::PathBuf;
@@ -91,6 +95,11 @@ enum Command {
     /// feeds under a publish stream: server RSS per idle subscriber, change-to-client latency over
     /// every (client, change) pair, server CPU per 1,000 messages; `--knee` steps N up.
     Subscribers(SubscribersArgs),
+    /// Hold K websocket subscribers of a leaderboard and K of `articlePublished` that stop reading
+    /// (and one of each that reads) while articles fill their send budgets and 100,000 votes go
+    /// through the server: server RSS per stalled subscriber against the budget; then each must
+    /// read the board's final snapshot, or the event stream's RESYNC_REQUIRED and `complete`.
+    StalledReaders(StalledArgs),
     /// Load articles into SQL and build an embedded search replica from them (time, size); query
     /// it at a fixed rate (p50/p99), then again while view flush batches stream in through the
     /// outbox (rows applied per second, freshness); check that the replica equals SQL.
@@ -135,6 +144,45 @@ pub struct SubscribersArgs {
     /// descriptor limit), a fresh server each, until the p99 passes 1 s; print the table.
     #[arg(long)]
     pub knee: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StalledArgs {
+    /// The pulse binary to start (`<server-bin> serve`).
+    #[arg(long, default_value = "target/release/pulse")]
+    pub server_bin: PathBuf,
+    /// Stalled subscribers of each stream: this many of the leaderboard and as many of
+    /// `articlePublished`, a socket each (limited by RLIMIT_NOFILE's hard limit).
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub stalled: u32,
+    /// Votes cast on the board while they are stalled.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub votes: u64,
+    /// Concurrent HTTP clients casting them.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub clients: u32,
+    /// Voters signed up; each ballot is by one of them at random.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub voters: u32,
+    /// The poll's options, every one of them within the top 10 shown.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub options: u32,
+    /// Characters of each article's body, which the subscription selects: larger articles fill a
+    /// stalled socket's budget sooner.
+    #[arg(long, default_value_t = 16_384, value_parser = clap::value_parser!(u32).range(1..=50_000))]
+    pub article_bytes: u32,
+    /// Most articles published while waiting for every stalled article subscriber to be past its
+    /// budget (the run fails past it).
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_articles: u32,
+    /// The server's `PULSE_WS_SEND_BUDGET` in bytes; unset: its default.
+    #[arg(long)]
+    pub send_budget: Option<u64>,
+    /// Highest rate at which subscribers connect.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub connect_per_sec: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -355,6 +403,7 @@ fn main() -> anyhow::Result<()> {
             Command::FeedRead(args) => feed_read::run(args).await,
             Command::PublishFanout(args) => publish_fanout::run(args).await,
             Command::Subscribers(args) => subscribers::run(args).await,
+            Command::StalledReaders(args) => stalled::run(args).await,
             Command::Search(args) => search::run(args).await,
         }
     })

@@ -37,6 +37,19 @@ pub fn cpu_ticks(pid: &str) -> anyhow::Result<u64> {
 
 /// Resident and peak resident memory of `pid`, in bytes (`VmRSS`, `VmHWM`).
 pub fn memory(pid: &str) -> anyhow::Result<(u64, u64)> {
+    let [rss, peak] = status_bytes(pid, ["VmRSS", "VmHWM"])?;
+    Ok((rss, peak))
+}
+
+/// Resident anonymous memory of `pid` (`RssAnon`, in bytes): its heap and stacks, without the
+/// pages of its binary and files, which the kernel maps in and drops as it likes.
+pub fn anonymous_memory(pid: &str) -> anyhow::Result<u64> {
+    let [anonymous] = status_bytes(pid, ["RssAnon"])?;
+    Ok(anonymous)
+}
+
+/// Fields of `/proc/<pid>/status` given in kB, in bytes.
+fn status_bytes<const N: usize>(pid: &str, names: [&str; N]) -> anyhow::Result<[u64; N]> {
     let path = format!("/proc/{pid}/status");
     let status = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
     let kib = |name: &str| -> anyhow::Result<u64> {
@@ -51,7 +64,11 @@ pub fn memory(pid: &str) -> anyhow::Result<(u64, u64)> {
         }
         bail!("{path} has no {name}")
     };
-    Ok((kib("VmRSS")?, kib("VmHWM")?))
+    let mut bytes = [0; N];
+    for (field, name) in bytes.iter_mut().zip(names) {
+        *field = kib(name)?;
+    }
+    Ok(bytes)
 }
 
 /// CPU of the server, Redis and this tool over a measured phase, and the server's memory after it.

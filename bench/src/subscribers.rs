@@ -49,12 +49,12 @@ const SMOKE_IDLE: Duration = Duration::from_millis(500);
 /// Client sockets bound to one source address. Loopback has 28,000 ephemeral ports per
 /// (source, destination) pair here, and sockets of an earlier run linger in TIME_WAIT: spreading
 /// the clients over 127.R.0.1, 127.R.0.2, … (R random per run) keeps each address far from that.
-const SOCKETS_PER_SOURCE: u32 = 5_000;
+pub(crate) const SOCKETS_PER_SOURCE: u32 = 5_000;
 /// Descriptors each process keeps for what is not a subscriber socket: the server's listener,
 /// Redis and SQL connections, files; the tool's own HTTP and Redis connections.
-const RESERVED_DESCRIPTORS: u64 = 200;
+pub(crate) const RESERVED_DESCRIPTORS: u64 = 200;
 /// Websocket handshakes (up to the first snapshot) in flight at once while connecting.
-const HANDSHAKES_IN_FLIGHT: usize = 256;
+pub(crate) const HANDSHAKES_IN_FLIGHT: usize = 256;
 /// How long subscribers may take to be ready, beyond their connection schedule.
 const READY_GRACE: Duration = Duration::from_secs(60);
 /// How long the feed's warm-up waits for every client before publishing another item.
@@ -937,7 +937,7 @@ async fn wait_until(shared: &Shared, deadline: Instant, done: impl Fn() -> bool)
     }
 }
 
-fn subscribe_message(query: &str, variables: Value) -> String {
+pub(crate) fn subscribe_message(query: &str, variables: Value) -> String {
     json!({ "id": "1", "type": "subscribe", "payload": { "query": query, "variables": variables } })
         .to_string()
 }
@@ -1088,7 +1088,7 @@ impl Shared {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -1113,7 +1113,7 @@ struct Clients {
     shared: Arc<Shared>,
 }
 
-type Socket = WebSocketStream<TcpStream>;
+pub(crate) type Socket = WebSocketStream<TcpStream>;
 
 impl Clients {
     /// One subscriber from connect to stop; answers how many changes it saw. The permit is held
@@ -1142,7 +1142,7 @@ impl Clients {
             first: true,
         };
         let session = async {
-            let mut socket = open(self.server, source).await?;
+            let mut socket = open(self.server, source, SocketLimits::default()).await?;
             client.converse(&mut socket, init, &self.subscribe).await
         };
         tokio::select! {
@@ -1155,8 +1155,33 @@ impl Clients {
     }
 }
 
-async fn open(server: SocketAddr, source: Ipv4Addr) -> Result<Socket, String> {
+/// What the kernel may hold for a client socket; unset: its defaults.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct SocketLimits {
+    /// `SO_RCVBUF` (Linux doubles it), which otherwise grows with what the client reads.
+    pub receive_buffer: Option<u32>,
+    /// `TCP_MAXSEG`: the segment size the client announces, which the server's kernel sizes its
+    /// send buffer by (loopback's is 64 KiB, an Ethernet path's 1,460 bytes).
+    pub segment: Option<u32>,
+}
+
+/// A graphql-transport-ws client socket from `source`.
+pub(crate) async fn open(
+    server: SocketAddr,
+    source: Ipv4Addr,
+    limits: SocketLimits,
+) -> Result<Socket, String> {
     let socket = TcpSocket::new_v4().map_err(|err| format!("socket: {err}"))?;
+    if let Some(bytes) = limits.receive_buffer {
+        socket
+            .set_recv_buffer_size(bytes)
+            .map_err(|err| format!("SO_RCVBUF: {err}"))?;
+    }
+    if let Some(bytes) = limits.segment {
+        socket2::SockRef::from(&socket)
+            .set_tcp_mss(bytes)
+            .map_err(|err| format!("TCP_MAXSEG: {err}"))?;
+    }
     socket
         .bind(SocketAddr::new(source.into(), 0))
         .map_err(|err| format!("binding {source}: {err}"))?;
@@ -1316,7 +1341,7 @@ impl Client<'_> {
     }
 }
 
-async fn send(socket: &mut Socket, text: String) -> Result<(), String> {
+pub(crate) async fn send(socket: &mut Socket, text: String) -> Result<(), String> {
     socket
         .send(Message::Text(text.into()))
         .await
@@ -1324,7 +1349,7 @@ async fn send(socket: &mut Socket, text: String) -> Result<(), String> {
 }
 
 /// The next text message; control frames are answered by tungstenite as it reads.
-async fn receive(socket: &mut Socket) -> Result<tungstenite::Utf8Bytes, String> {
+pub(crate) async fn receive(socket: &mut Socket) -> Result<tungstenite::Utf8Bytes, String> {
     loop {
         match socket.next().await {
             Some(Ok(Message::Text(text))) => return Ok(text),
@@ -1344,7 +1369,7 @@ async fn receive(socket: &mut Socket) -> Result<tungstenite::Utf8Bytes, String> 
 
 /// The envelope's `type`. async-graphql writes it first, so a prefix check serves every message
 /// without parsing the payload; anything else is parsed.
-fn message_type(text: &str) -> Cow<'_, str> {
+pub(crate) fn message_type(text: &str) -> Cow<'_, str> {
     if let Some(rest) = text.strip_prefix(r#"{"type":""#)
         && let Some(end) = rest.find('"')
     {
@@ -1391,7 +1416,7 @@ fn item(text: &str) -> Option<Item> {
     digits[..end].parse().ok().map(Item::Measured)
 }
 
-fn shorten(text: &str) -> &str {
+pub(crate) fn shorten(text: &str) -> &str {
     let mut end = text.len().min(300);
     while !text.is_char_boundary(end) {
         end -= 1;
