@@ -194,6 +194,12 @@ impl Groups {
     /// stream ends (then every member hears it) or its last member leaves.
     async fn drive(self: Arc<Self>, group: Arc<Group>, mut stream: BoxStream<'static, Response>) {
         let _running = RunningGroup::new();
+        // However the stream stops (its end, its last member leaving, a resolver's panic), the
+        // group leaves the registry and its members hear the end: no joiner waits on a dead one.
+        let _ending = Ending {
+            groups: self.clone(),
+            group: group.clone(),
+        };
         let (payloads, deliveries) = (
             metrics::counter!(GROUP_PAYLOADS),
             metrics::counter!(GROUP_DELIVERIES),
@@ -220,18 +226,6 @@ impl Groups {
             self.delivered(&deliveries, state.members.len() as u64);
             state.last = Some(payload);
         }
-        let mut running = lock(&self.running);
-        if running
-            .get(&group.key)
-            .is_some_and(|current| Arc::ptr_eq(current, &group))
-        {
-            running.remove(&group.key);
-        }
-        let mut state = lock(&group.state);
-        state.ended = true;
-        for (token, member) in state.members.drain() {
-            member.deliver(token, None);
-        }
     }
 
     fn leave(&self, group: &Arc<Group>, token: u64) {
@@ -242,12 +236,7 @@ impl Groups {
         }
         state.ended = true;
         group.stop.cancel();
-        if running
-            .get(&group.key)
-            .is_some_and(|current| Arc::ptr_eq(current, group))
-        {
-            running.remove(&group.key);
-        }
+        unregister(&mut running, group);
     }
 
     fn delivered(&self, counter: &metrics::Counter, members: u64) {
@@ -268,6 +257,34 @@ impl Groups {
     /// Serialized results these groups handed to members.
     pub fn deliveries(&self) -> u64 {
         self.deliveries.load(Ordering::Relaxed)
+    }
+}
+
+/// Ends a group when its stream stops.
+struct Ending {
+    groups: Arc<Groups>,
+    group: Arc<Group>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        let mut running = lock(&self.groups.running);
+        unregister(&mut running, &self.group);
+        let mut state = lock(&self.group.state);
+        state.ended = true;
+        for (token, member) in state.members.drain() {
+            member.deliver(token, None);
+        }
+    }
+}
+
+/// Takes `group` out of the registry, unless a newer group of its request took its place.
+fn unregister(running: &mut HashMap<String, Arc<Group>>, group: &Arc<Group>) {
+    if running
+        .get(&group.key)
+        .is_some_and(|current| Arc::ptr_eq(current, group))
+    {
+        running.remove(&group.key);
     }
 }
 
@@ -376,6 +393,13 @@ mod tests {
             futures_util::stream::unfold(changes, move |mut changes| async move {
                 let value = changes.recv().await.ok()?;
                 Some((format!("{caller}:{}", value * factor), changes))
+            })
+        }
+
+        /// A resolver with a bug.
+        async fn explode(&self) -> impl Stream<Item = i32> + use<> {
+            futures_util::stream::poll_fn(|_| -> std::task::Poll<Option<i32>> {
+                panic!("a resolver's bug")
             })
         }
     }
@@ -500,6 +524,16 @@ mod tests {
         listeners(&changes, 1).await;
         changes.send(1).unwrap();
         assert_eq!(next(&mut deliveries).await.token, again.token());
+    }
+
+    #[tokio::test]
+    async fn a_group_whose_resolver_panics_ends_for_its_members_and_leaves_the_registry() {
+        let (groups, _) = groups();
+        let (connection, mut deliveries) = mpsc::unbounded_channel();
+        let member = groups.join(Request::new("subscription { explode }"), "1", &connection);
+        let end = next(&mut deliveries).await;
+        assert_eq!((end.token, end.payload), (member.token(), None));
+        assert_eq!(groups.running(), 0);
     }
 
     #[test]
