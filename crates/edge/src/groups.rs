@@ -144,10 +144,12 @@ impl Groups {
     /// connection whose channel is `deliveries`.
     pub fn join(
         self: &Arc<Self>,
-        request: Request,
+        mut request: Request,
         id: &str,
         deliveries: &mpsc::UnboundedSender<Delivery>,
     ) -> Membership {
+        // Data a transport put in the request (its caller's) would win over the anonymous data.
+        request.data = Data::default();
         let key = key(&request);
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let member = Member {
@@ -445,7 +447,9 @@ mod tests {
         let (groups, changes) = groups();
         let (one, mut one_deliveries) = mpsc::unbounded_channel();
         let (other, mut other_deliveries) = mpsc::unbounded_channel();
-        let first = groups.join(board(serde_json::json!({ "factor": 2 })), "a", &one);
+        let mut signed_in = board(serde_json::json!({ "factor": 2 }));
+        signed_in.data.insert(Caller("a member"));
+        let first = groups.join(signed_in, "a", &one);
         let second = groups.join(board(serde_json::json!({ "factor": 2 })), "b", &other);
         let tripled = groups.join(board(serde_json::json!({ "factor": 3 })), "c", &other);
         assert_eq!(groups.running(), 2);
