@@ -13,6 +13,8 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::helpers::{TestApp, eventually};
 use crate::likes::users;
+use crate::multipart::Parts;
+use crate::sse::Events;
 use crate::subscriptions::{
     Socket, connect, next_message, send, subscribed_as, wait_until_listening,
 };
@@ -399,6 +401,63 @@ async fn viewers_with_different_answers_never_see_each_others_while_a_board_is_s
         socket.close(None).await.unwrap();
     }
     eventually("the shared board stops", async || {
+        groups(&app).running() == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sse_and_multipart_streams_of_a_board_share_the_websockets_group_and_its_bytes() {
+    let app = TestApp::spawn().await;
+    let poll = poll(&app).await;
+    let variables = json!({ "p": poll.id, "first": 10 });
+    let (_, token) = users(&app, 1).await.remove(0);
+    let mut socket = board_socket(
+        &app,
+        "graphql-transport-ws",
+        Some(&token),
+        "board",
+        variables.clone(),
+    )
+    .await;
+    let first: Value = serde_json::from_str(&next_text(&mut socket).await).unwrap();
+    let sse = async |token: Option<&str>| {
+        let mut request = app
+            .http
+            .post(app.url("/graphql/stream"))
+            .header("accept", "text/event-stream")
+            .json(&json!({ "query": BOARD, "variables": variables }));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        Events::new(request.send().await.unwrap())
+    };
+    let mut streams = [sse(None).await, sse(Some(&token)).await];
+    let mut parts =
+        Parts::new(crate::multipart::subscribe(&app, None, BOARD, variables.clone()).await);
+    for events in &mut streams {
+        assert_eq!(events.next_result().await, first["payload"]);
+    }
+    assert_eq!(parts.payload().await, first["payload"]);
+    assert_eq!(groups(&app).running(), 1, "one group for every transport");
+    listening(&app, poll.row()).await;
+
+    let (payloads, deliveries) = (groups(&app).payloads(), groups(&app).deliveries());
+    poll.vote(&app, 0).await;
+    let update: Value = serde_json::from_str(&next_text(&mut socket).await).unwrap();
+    for events in &mut streams {
+        assert_eq!(events.next_result().await, update["payload"]);
+    }
+    assert_eq!(parts.payload().await, update["payload"]);
+    eventually("the change reached the four members", async || {
+        groups(&app).deliveries() == deliveries + 4
+    })
+    .await;
+    assert_eq!(groups(&app).payloads(), payloads + 1);
+
+    drop((streams, parts));
+    socket.close(None).await.unwrap();
+    eventually("the group stops with its last member", async || {
         groups(&app).running() == 0
     })
     .await;

@@ -1,6 +1,7 @@
-//! Groups of identical live operations: the websocket operations whose request is the same
-//! (document, operation name, variables, extensions), which are snapshots and read nothing of the
-//! viewer, share one async-graphql stream. Each result is resolved and serialized once per group
+//! Groups of identical live operations: the operations whose request is the same (document,
+//! operation name, variables, extensions), which are snapshots and read nothing of the viewer,
+//! share one async-graphql stream, whichever transport carries them (a websocket, a distinct SSE
+//! or multipart stream). Each result is resolved and serialized once per group
 //! and the same bytes go to every member; a member costs an entry in its group, not a stream.
 //!
 //! A group runs with the data [`Groups::new`] was given for an anonymous caller, never with one

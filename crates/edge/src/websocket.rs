@@ -123,7 +123,8 @@ pub struct Settings {
     /// one fallen behind carries, and which an SSE client resumes with `Last-Event-ID`.
     pub resumable: &'static [crate::stream::Resumable],
     /// Where the snapshot operations that read nothing of the viewer run, one stream per distinct
-    /// request shared by every socket that runs it; `None` runs each in its own stream.
+    /// request shared by every socket (and distinct HTTP stream) that runs it; `None` runs each in
+    /// its own stream.
     pub groups: Option<Arc<Groups>>,
 }
 
