@@ -19,6 +19,7 @@ use crate::graphql::PulseSchema;
 use crate::graphql::schema::{self, QueryLimits};
 use crate::graphql::validated::ValidationTally;
 use crate::http::TrustedProxies;
+use crate::http::groups::Groups;
 use crate::http::server::Connections;
 use crate::ownership::{self, DatabaseIdentity};
 use crate::realtime::Hub;
@@ -150,10 +151,15 @@ impl App {
             introspection: config.introspection,
         };
         let validations = Arc::new(ValidationTally::default());
+        let schema = schema::build(limits, services.clone(), validations.clone());
+        let groups = Groups::new(schema.clone(), {
+            let services = services.clone();
+            move || schema::anonymous_request_data(&services)
+        });
         let state = AppState {
             db,
             redis,
-            schema: schema::build(limits, services.clone(), validations.clone()),
+            schema,
             validations,
             services,
             tokens,
@@ -172,6 +178,7 @@ impl App {
                 live_fields: crate::services::LIVE_FIELDS,
                 send_budget: config.ws_send_budget,
                 resumable: crate::services::RESUMABLE,
+                groups: Some(groups),
             },
             sockets_per_ip: crate::http::sockets_per_ip::SocketsPerIp::new(
                 config.max_sockets_per_ip,

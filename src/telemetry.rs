@@ -329,6 +329,24 @@ pub const METRICS: &[Metric] = &[
         initial: NO_LABELS,
     },
     Metric {
+        name: "pulse_live_groups",
+        kind: MetricKind::Gauge,
+        help: "Groups of identical websocket snapshot operations running, each one stream resolved and serialized once per result for all its sockets",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_live_group_payloads_total",
+        kind: MetricKind::Counter,
+        help: "Results serialized by groups: one per result of a group, however many sockets share it",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_live_group_deliveries_total",
+        kind: MetricKind::Counter,
+        help: "Serialized group results handed to the sockets of their members (a late joiner's last result included)",
+        initial: NO_LABELS,
+    },
+    Metric {
         name: "pulse_live_streams_open",
         kind: MetricKind::Gauge,
         help: "Subscriptions served over HTTP responses, by transport (sse: graphql-sse streams of either mode, reserved ones included; multipart: Apollo's multipart subscriptions)",

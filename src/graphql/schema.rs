@@ -12,10 +12,13 @@ use crate::services::{Mutation, Query, Services, Subscription};
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 
 /// Whether a field's answer depends on who asks: a live operation that selects one ends when its
-/// socket's token expires (`pulse_edge::websocket`). Such fields are named `viewer…`, apart from
-/// the subscriptions that follow the viewer's own data.
+/// socket's token expires, and is never grouped with other sockets' (`pulse_edge::websocket`).
+/// Such fields are named `viewer…`, apart from the viewer's own timeline (`feed`, and the
+/// subscription that follows it) and `User.isAdmin`, which only the user themself sees. Every
+/// resolver outside mutations that reads the [`Actor`] is one of them (the test below pins the
+/// list).
 pub fn reads_viewer(field: &str) -> bool {
-    field.starts_with("viewer") || field == "feedItemAdded"
+    field.starts_with("viewer") || matches!(field, "feed" | "feedItemAdded" | "isAdmin")
 }
 
 /// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
@@ -23,6 +26,19 @@ pub fn reads_viewer(field: &str) -> bool {
 pub fn attach_request_data(services: &Arc<Services>, data: &mut async_graphql::Data, actor: Actor) {
     data.insert(actor);
     data.insert(Loaders::new(services.clone()));
+}
+
+/// The data a group of live operations shared by many sockets runs with: a caller who is no one,
+/// from no address, so that a shared answer can only be what anyone may see.
+pub fn anonymous_request_data(services: &Arc<Services>) -> async_graphql::Data {
+    let mut data = async_graphql::Data::default();
+    let anonymous = Actor {
+        user: None,
+        client_ip: std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        user_agent: None,
+    };
+    attach_request_data(services, &mut data, anonymous);
+    data
 }
 
 /// Limits every request is held to.
@@ -78,4 +94,51 @@ pub fn sdl() -> String {
     )
     .finish()
     .sdl()
+}
+
+#[cfg(test)]
+mod tests {
+    use async_graphql::parser::types::{TypeKind, TypeSystemDefinition};
+
+    use super::*;
+
+    /// A new field named otherwise whose resolver reads the actor must be added to
+    /// [`reads_viewer`], or one viewer's answer could be shared with others.
+    #[test]
+    fn the_fields_that_read_the_viewer_are_these() {
+        let document = async_graphql::parser::parse_schema(sdl()).expect("the SDL parses");
+        let mut reading: Vec<String> = document
+            .definitions
+            .iter()
+            .filter_map(|definition| match definition {
+                TypeSystemDefinition::Type(definition) => Some(&definition.node),
+                _ => None,
+            })
+            .filter(|definition| definition.name.node != "Mutation")
+            .filter_map(|definition| match &definition.kind {
+                TypeKind::Object(object) => Some((&definition.name.node, &object.fields)),
+                TypeKind::Interface(interface) => Some((&definition.name.node, &interface.fields)),
+                _ => None,
+            })
+            .flat_map(|(owner, fields)| {
+                fields
+                    .iter()
+                    .map(move |field| format!("{owner}.{}", field.node.name.node))
+            })
+            .filter(|field| reads_viewer(field.rsplit('.').next().unwrap_or_default()))
+            .collect();
+        reading.sort();
+        assert_eq!(
+            reading,
+            [
+                "Article.viewerHasLiked",
+                "Comment.viewerHasLiked",
+                "Query.feed",
+                "Query.viewer",
+                "Subscription.feedItemAdded",
+                "User.isAdmin",
+                "User.viewerFollows",
+            ]
+        );
+    }
 }

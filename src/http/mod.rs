@@ -19,7 +19,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use client_ip::TrustedProxies;
-pub use pulse_edge::websocket;
+pub use pulse_edge::{groups, websocket};
 
 use crate::app::AppState;
 

@@ -13,6 +13,7 @@ mod feed_live;
 mod feed_upkeep;
 mod field_order;
 mod follows;
+mod groups;
 mod helpers;
 mod http_conformance;
 mod jobs;

@@ -21,7 +21,7 @@ const APOLLO_ACCEPT: &str =
 const BOUNDARY: &str = "\r\n--graphql";
 
 /// A multipart response read part by part.
-struct Parts {
+pub struct Parts {
     response: reqwest::Response,
     buffer: String,
     /// The opening boundary has been read.
@@ -37,7 +37,7 @@ enum Part {
 }
 
 impl Parts {
-    fn new(response: reqwest::Response) -> Self {
+    pub fn new(response: reqwest::Response) -> Self {
         assert_eq!(response.status(), 200, "the response streams");
         let content_type = response.headers()["content-type"].to_str().unwrap();
         assert_eq!(
@@ -87,7 +87,7 @@ impl Parts {
     }
 
     /// The next part that is not a heartbeat: its payload.
-    async fn payload(&mut self) -> Value {
+    pub async fn payload(&mut self) -> Value {
         loop {
             match self.next().await.expect("the response goes on") {
                 Part::Json(part) if part == json!({}) => continue,
@@ -98,7 +98,7 @@ impl Parts {
     }
 }
 
-async fn subscribe(
+pub async fn subscribe(
     app: &TestApp,
     token: Option<&str>,
     query: &str,

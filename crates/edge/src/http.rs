@@ -996,6 +996,7 @@ mod tests {
                 live_fields: &[],
                 send_budget: 64 * 1024,
                 resumable: &[],
+                groups: None,
             },
             shutdown: CancellationToken::new(),
             server_failure: |_| None,

@@ -20,12 +20,15 @@
 //! - [`stream`]: subscriptions over long-lived HTTP responses: Server-Sent Events in both
 //!   modes of the `graphql-sse` protocol, and Apollo's multipart subscriptions, bounded as
 //!   websockets are.
+//! - [`groups`]: identical live operations of any number of websockets resolved and serialized
+//!   once per result, with an anonymous caller's data.
 //! - [`websocket`]: a driver for both websocket protocols that bounds what async-graphql leaves
 //!   open (the init timeout, duplicate ids, operations per socket, a close at shutdown).
 //!
 //! This crate names no domain and depends on no application: an app depends on it, never the
 //! other way, so a domain type used here fails to compile.
 
+pub mod groups;
 pub mod guard;
 pub mod http;
 pub mod media;

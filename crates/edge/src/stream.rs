@@ -32,6 +32,10 @@
 //! operation passes there, or written into the document in place of a literal or where the
 //! argument is missing (not into a persisted document's text, which must keep its hash).
 //!
+//! Groups: a distinct SSE or multipart stream of a snapshot that reads nothing of the viewer joins
+//! the group of its request as a websocket operation does ([`crate::groups`]), and frames the
+//! group's serialized results without serializing them again.
+//!
 //! Credentials that expire end, as on a websocket, the operations that read the viewer: their
 //! last result is an error coded `UNAUTHENTICATED`, then their end.
 //!
@@ -57,8 +61,10 @@ use async_graphql::{Positioned, Response};
 use axum::body::Bytes;
 use futures_util::StreamExt as _;
 use futures_util::stream::{BoxStream, Stream};
+use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::groups::Groups;
 use crate::websocket;
 
 /// The header that names a single-connection stream's reservation.
@@ -361,10 +367,15 @@ impl Framing {
     /// A result's message; `cursor`, the event's, is its SSE `id` on a distinct stream.
     fn next(&self, response: &Response, cursor: Option<&str>) -> Bytes {
         let result = serde_json::to_string(response).expect("a GraphQL response serializes");
+        self.serialized(&result, cursor)
+    }
+
+    /// The message of a result already serialized.
+    fn serialized(&self, result: &str, cursor: Option<&str>) -> Bytes {
         match self {
             Self::Distinct => match cursor {
                 Some(id) => Bytes::from(format!("id: {id}\nevent: next\ndata: {result}\n\n")),
-                None => sse_event("next", &result),
+                None => sse_event("next", result),
             },
             Self::Single(id) => {
                 let id = serde_json::to_string(id).expect("a string serializes");
@@ -679,6 +690,7 @@ impl Bounds {
             .flatten();
         Live {
             snapshot,
+            shareable: snapshot && !reads_viewer,
             expires,
             resume: Resume::of(request, self.websocket.resumable),
         }
@@ -693,6 +705,8 @@ impl Bounds {
 struct Live {
     /// Each of its results is a whole snapshot.
     snapshot: bool,
+    /// A snapshot reading nothing of the viewer: a group's results serve it.
+    shareable: bool,
     /// When it ends for want of credentials: when those it runs with expire, if it reads the
     /// viewer.
     expires: Option<SystemTime>,
@@ -761,7 +775,7 @@ enum Pumped {
 /// ends with an error coded `RESYNC_REQUIRED` carrying the cursor of its last event queued; a
 /// snapshot past the budget, which had no unsent one to replace, cuts the stream.
 async fn pump(
-    mut responses: BoxStream<'static, Response>,
+    mut responses: BoxStream<'static, Resolved>,
     framing: &Framing,
     snapshot_of: Option<&str>,
     live: &Live,
@@ -796,11 +810,17 @@ async fn pump(
             }
             return Pumped::Completed;
         };
-        let cursor = live
-            .resume
-            .as_ref()
-            .and_then(|resume| resume.event_id(&response));
-        match inlet.push(framing.next(&response, cursor), snapshot_of) {
+        let (message, cursor) = match &response {
+            Resolved::Own(response) => {
+                let cursor = live
+                    .resume
+                    .as_ref()
+                    .and_then(|resume| resume.event_id(response));
+                (framing.next(response, cursor), cursor)
+            }
+            Resolved::Shared(result) => (framing.serialized(result, None), None),
+        };
+        match inlet.push(message, snapshot_of) {
             Ok(()) => {
                 if let Some(cursor) = cursor {
                     last_cursor = Some(cursor.to_owned());
@@ -839,7 +859,13 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
     let (inlet, outlet) = channel(transport, bounds.websocket.send_budget, held);
     let (running, live) = bounds.live(transport, &request);
     let snapshot = live.snapshot.then_some("");
-    let responses = executor.execute_stream(request, None);
+    let responses = match &bounds.websocket.groups {
+        Some(groups) if live.shareable => shared(groups, request),
+        _ => executor
+            .execute_stream(request, None)
+            .map(|response| Resolved::Own(Box::new(response)))
+            .boxed(),
+    };
     let framing = match transport {
         Transport::Sse => Framing::Distinct,
         Transport::Multipart => Framing::Multipart,
@@ -873,6 +899,26 @@ pub(crate) fn one_operation<E: async_graphql::Executor>(
         }
     });
     outlet
+}
+
+/// A result of an operation: resolved for it alone, or its group's, serialized once for all.
+enum Resolved {
+    Own(Box<Response>),
+    Shared(Arc<str>),
+}
+
+/// The results of the group of `request`, which a stream joins alone, on a channel of its own.
+fn shared(groups: &Arc<Groups>, request: async_graphql::Request) -> BoxStream<'static, Resolved> {
+    let (deliveries, received) = mpsc::unbounded_channel();
+    let membership = groups.join(request, "", &deliveries);
+    futures_util::stream::unfold(
+        (received, membership),
+        |(mut received, membership)| async move {
+            let result = received.recv().await?.payload?;
+            Some((Resolved::Shared(result), (received, membership)))
+        },
+    )
+    .boxed()
 }
 
 /// Ticks every `period`, the first after one period; never, for a zero period.
@@ -1037,7 +1083,10 @@ impl Reservations {
             running.insert(id.clone(), stop.clone());
         }
         let counted = Running::new(Transport::Sse);
-        let responses = futures_util::stream::iter(first).chain(responses).boxed();
+        let responses = futures_util::stream::iter(first)
+            .chain(responses)
+            .map(|response| Resolved::Own(Box::new(response)))
+            .boxed();
         tokio::spawn(async move {
             let _counted = counted;
             let framing = Framing::Single(id.clone());

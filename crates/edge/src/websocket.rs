@@ -34,6 +34,13 @@
 //! [`Settings::viewer_fields`] names) end at that time with an `error` coded `UNAUTHENTICATED`
 //! then `complete`, and a later one gets the same at once; the others go on.
 //!
+//! Groups: with [`Settings::groups`], a snapshot operation that reads nothing of the viewer runs
+//! in the process's group of its request ([`crate::groups`]) instead of in async-graphql's stream
+//! of the socket. The driver keeps its bookkeeping as for any other (the operations gauge, the
+//! cap, 4409, the budget: a newer result replaces an unsent one), reads the results of all the
+//! socket's grouped operations from one channel, and answers a client's `complete` (`stop`) of
+//! one itself, as async-graphql would.
+//!
 //! The caller upgrades the connection (offering the [`protocol`] the client asked for) and hands
 //! the socket to [`serve`] with its executor, usually an `async_graphql::Schema`, and what to do
 //! with the `connection_init` payload: typically authenticate it and return the connection's
@@ -58,6 +65,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::groups::{Delivery, Groups, Membership};
 use crate::guard;
 
 /// The code of a legacy `connection_error` for a `connection_init` refused without a code of its
@@ -114,6 +122,10 @@ pub struct Settings {
     /// The event streams whose events carry a cursor to resume after, which the error that ends
     /// one fallen behind carries, and which an SSE client resumes with `Last-Event-ID`.
     pub resumable: &'static [crate::stream::Resumable],
+    /// Where the snapshot operations that read nothing of the viewer run, one stream per distinct
+    /// request shared by every socket (and distinct HTTP stream) that runs it; `None` runs each in
+    /// its own stream.
+    pub groups: Option<Arc<Groups>>,
 }
 
 /// A subscription field of the schema.
@@ -225,6 +237,9 @@ pub async fn serve<E, OnInit, InitFuture>(
     let mut awaiting_pong = false;
     let mut expiry = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
     let mut expiry_armed = false;
+    // The connection's grouped operations and the one channel all their results come on, made at
+    // its first.
+    let mut grouped: Option<Grouped> = None;
     let close = loop {
         tokio::select! {
             biased;
@@ -269,16 +284,48 @@ pub async fn serve<E, OnInit, InitFuture>(
                 // A message that is not one of the protocol's goes on as it is: async-graphql closes
                 // the socket for it with its own code.
                 let parsed = ClientMessage::from_bytes(&data);
-                if let Ok(message) = &parsed {
-                    let admission = lock(&session).admit(message);
-                    match admission {
-                        Admission::Forward => {}
-                        Admission::Close(frame) => break Some(frame),
-                        Admission::Unauthenticated(id) => {
-                            outbox.push_ended(protocol, &id);
-                            continue;
-                        }
+                let admission = match &parsed {
+                    Ok(message) => lock(&session).admit(message),
+                    Err(_) => Admission::Forward,
+                };
+                match admission {
+                    Admission::Forward => {}
+                    Admission::Close(frame) => break Some(frame),
+                    Admission::Unauthenticated(id) => {
+                        outbox.push_ended(protocol, &id);
+                        continue;
                     }
+                    Admission::Join { replaces_forwarded } => {
+                        let (Ok(ClientMessage::Start { id, payload }), Some(groups)) =
+                            (parsed, &settings.groups)
+                        else {
+                            continue;
+                        };
+                        // A legacy `start` under the id of an operation async-graphql runs
+                        // replaces it: async-graphql stops it, and the session drops its
+                        // `complete`, which is not the new operation's.
+                        if let (true, Some(forward)) = (replaces_forwarded, &forward) {
+                            let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
+                        }
+                        let grouped = grouped.get_or_insert_with(Grouped::new);
+                        let membership = groups.join(payload, &id, &grouped.sender);
+                        grouped.members.insert(id, membership);
+                        continue;
+                    }
+                    Admission::Leave(id) => {
+                        if let Some(grouped) = &mut grouped {
+                            grouped.members.remove(&id);
+                        }
+                        // What async-graphql sends when a client stops an operation it runs.
+                        if outbox.push(complete_message(&id), None).is_err() {
+                            break Some(slow_consumer(&mut outbox, settings.send_budget));
+                        }
+                        continue;
+                    }
+                }
+                // A legacy `start` under a grouped id replaces that operation.
+                if let (Ok(ClientMessage::Start { id, .. }), Some(grouped)) = (&parsed, &mut grouped) {
+                    grouped.members.remove(id);
                 }
                 if let Some(forward) = &forward {
                     let _ = forward.send((Box::new(parsed), Some(place)));
@@ -297,6 +344,36 @@ pub async fn serve<E, OnInit, InitFuture>(
             written = std::future::poll_fn(|cx| outbox.poll_drain(&mut sink, cx)), if outbox.busy() => {
                 if written.is_err() {
                     break None;
+                }
+            }
+            Some(delivery) = async {
+                match &mut grouped {
+                    Some(grouped) => grouped.receiver.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let Some(grouped) = &mut grouped else { continue };
+                let current = grouped
+                    .members
+                    .get(&*delivery.id)
+                    .is_some_and(|membership| membership.token() == delivery.token);
+                // A delivery of a membership that ended: the id may run a newer operation now.
+                if !current {
+                    continue;
+                }
+                let pushed = match delivery.payload {
+                    Some(payload) => {
+                        let text = shared_message(protocol, &delivery.id, &payload);
+                        outbox.push(text, Some(delivery.id.to_string()))
+                    }
+                    None => {
+                        grouped.members.remove(&*delivery.id);
+                        lock(&session).stop(&delivery.id);
+                        outbox.push(complete_message(&delivery.id), None)
+                    }
+                };
+                if pushed.is_err() {
+                    break Some(slow_consumer(&mut outbox, settings.send_budget));
                 }
             }
             message = graphql.next() => match message {
@@ -331,13 +408,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                         Outgoing::Drop => continue,
                     };
                     if pushed.is_err() {
-                        metrics::counter!(SLOW_CONSUMER_CLOSES).increment(1);
-                        outbox.clear();
-                        let reason = format!(
-                            "Slow consumer: more than {} bytes waiting to be sent",
-                            settings.send_budget
-                        );
-                        break Some(close_frame(SLOW_CONSUMER, &reason));
+                        break Some(slow_consumer(&mut outbox, settings.send_budget));
                     }
                 }
                 Some(WsMessage::Close(code, reason)) => {
@@ -350,6 +421,9 @@ pub async fn serve<E, OnInit, InitFuture>(
             },
         }
     };
+    // Leaving the groups now, rather than after the close, spares them delivering to a connection
+    // that will not read it.
+    drop(grouped);
     let Some(close) = close else { return };
     outbox.push_close(close);
     // The close waits behind what the network already holds, which a slow client may take a
@@ -369,6 +443,60 @@ pub async fn serve<E, OnInit, InitFuture>(
         })
         .await;
     }
+}
+
+/// The operations of a connection that run in groups, by id, and the channel of their results.
+struct Grouped {
+    sender: mpsc::UnboundedSender<Delivery>,
+    receiver: mpsc::UnboundedReceiver<Delivery>,
+    members: HashMap<String, Membership>,
+}
+
+impl Grouped {
+    fn new() -> Self {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        Self {
+            sender,
+            receiver,
+            members: HashMap::new(),
+        }
+    }
+}
+
+/// The `next` (`data` on the legacy protocol) message of operation `id` around a group's
+/// serialized result: byte for byte what async-graphql writes for the same result, built without
+/// parsing the result again.
+fn shared_message(protocol: WebSocketProtocols, id: &str, payload: &str) -> String {
+    let kind = match protocol {
+        WebSocketProtocols::GraphQLWS => "next",
+        WebSocketProtocols::SubscriptionsTransportWS => "data",
+    };
+    let id = serde_json::Value::from(id).to_string();
+    let mut text = String::with_capacity(payload.len() + id.len() + 40);
+    text.push_str(r#"{"type":""#);
+    text.push_str(kind);
+    text.push_str(r#"","id":"#);
+    text.push_str(&id);
+    text.push_str(r#","payload":"#);
+    text.push_str(payload);
+    text.push('}');
+    text
+}
+
+/// The `complete` of operation `id`, as async-graphql writes it.
+fn complete_message(id: &str) -> String {
+    format!(
+        r#"{{"type":"complete","id":{}}}"#,
+        serde_json::Value::from(id)
+    )
+}
+
+/// Closes a socket that fell more than its send budget behind on a message nothing could replace.
+fn slow_consumer(outbox: &mut Outbox, budget: usize) -> CloseFrame {
+    metrics::counter!(SLOW_CONSUMER_CLOSES).increment(1);
+    outbox.clear();
+    let reason = format!("Slow consumer: more than {budget} bytes waiting to be sent");
+    close_frame(SLOW_CONSUMER, &reason)
 }
 
 /// A socket counted in [`SOCKETS_OPEN`] while it lives.
@@ -612,6 +740,8 @@ struct Operation {
     resume: Option<crate::stream::Resume>,
     /// The cursor of its last event queued for the client.
     last_cursor: Option<String>,
+    /// It runs in a group (see [`crate::groups`]), not in async-graphql's stream of the socket.
+    grouped: bool,
 }
 
 /// The operation `request` runs. A document that does not parse here (or a persisted one, sent by
@@ -623,6 +753,7 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
         snapshot: false,
         resume: None,
         last_cursor: None,
+        grouped: false,
     };
     // The parser recurses once per nesting level: a document nested past the guard's limit would
     // overflow the stack here, before the pipeline refuses it.
@@ -674,6 +805,7 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
                 .all(|live| live.is_some_and(|live| live.kind == LiveKind::Snapshot)),
         resume: crate::stream::Resume::of(request, settings.resumable),
         last_cursor: None,
+        grouped: false,
     }
 }
 
@@ -755,6 +887,11 @@ enum Admission {
     Close(CloseFrame),
     /// An operation reading the viewer, started after the credentials expired: ended at once.
     Unauthenticated(String),
+    /// A snapshot operation reading nothing of the viewer: it joins its group. It replaces, under
+    /// its id, an operation async-graphql runs (a legacy `start` may).
+    Join { replaces_forwarded: bool },
+    /// The client stopped this grouped operation: it leaves its group.
+    Leave(String),
 }
 
 /// What of the settings a session reads.
@@ -763,6 +900,8 @@ struct SessionSettings {
     viewer_fields: fn(&str) -> bool,
     live_fields: &'static [LiveField],
     resumable: &'static [crate::stream::Resumable],
+    /// Whether operations that may be grouped are.
+    grouping: bool,
 }
 
 impl SessionSettings {
@@ -772,6 +911,7 @@ impl SessionSettings {
             viewer_fields: settings.viewer_fields,
             live_fields: settings.live_fields,
             resumable: settings.resumable,
+            grouping: settings.groups.is_some(),
         }
     }
 }
@@ -854,17 +994,22 @@ impl Session {
         }
     }
 
-    fn start(&mut self, id: String, operation: Operation) {
+    /// Notes `operation` running under `id`; the one it replaces, if any.
+    fn start(&mut self, id: String, operation: Operation) -> Option<Operation> {
         metrics::gauge!(OPERATIONS, "field" => operation.field).increment(1.0);
-        if let Some(replaced) = self.running.insert(id, operation) {
+        let replaced = self.running.insert(id, operation);
+        if let Some(replaced) = &replaced {
             metrics::gauge!(OPERATIONS, "field" => replaced.field).decrement(1.0);
         }
+        replaced
     }
 
-    fn stop(&mut self, id: &str) {
-        if let Some(stopped) = self.running.remove(id) {
+    fn stop(&mut self, id: &str) -> Option<Operation> {
+        let stopped = self.running.remove(id);
+        if let Some(stopped) = &stopped {
             metrics::gauge!(OPERATIONS, "field" => stopped.field).decrement(1.0);
         }
+        stopped
     }
 
     fn admit(&mut self, message: &ClientMessage) -> Admission {
@@ -881,16 +1026,33 @@ impl Session {
                     let reason = format!("more than {max} operations at once on one connection");
                     return Admission::Close(close_frame(1008, &reason));
                 }
-                let operation = classify(payload, &self.settings);
+                let mut operation = classify(payload, &self.settings);
                 if operation.reads_viewer && self.expired {
                     return Admission::Unauthenticated(id.clone());
                 }
+                // Before the acknowledgement async-graphql decides (a `subscribe` before
+                // `connection_init` closes the socket; one after it waits for the init, which may
+                // refuse the connection).
+                operation.grouped = self.settings.grouping
+                    && self.acknowledged
+                    && operation.snapshot
+                    && !operation.reads_viewer;
+                let grouped = operation.grouped;
                 // An id the driver ended stays in `ended` until async-graphql's `complete` for the
                 // operation it had, which comes before anything of this one (it reads the stop
                 // that precedes this start first).
-                self.start(id.clone(), operation);
+                let replaced = self.start(id.clone(), operation);
+                if grouped {
+                    let replaces_forwarded = replaced.is_some_and(|replaced| !replaced.grouped);
+                    return Admission::Join { replaces_forwarded };
+                }
             }
-            ClientMessage::Stop { id } => self.stop(id),
+            ClientMessage::Stop { id } => {
+                let stopped = self.stop(id);
+                if stopped.is_some_and(|stopped| stopped.grouped) {
+                    return Admission::Leave(id.clone());
+                }
+            }
             _ => {}
         }
         Admission::Forward
@@ -979,7 +1141,20 @@ impl Session {
             ("connection_ack", _) => self.acknowledged = true,
             // The driver sent this operation's `complete` itself.
             ("complete", Some(id)) if self.ended.remove(&id) => return Outgoing::Drop,
-            ("complete", Some(id)) => self.stop(&id),
+            // async-graphql runs no grouped operation: what it sends under a grouped id is the end
+            // of an older operation of that id, which the client stopped or a legacy `start`
+            // replaced.
+            (_, Some(id))
+                if self
+                    .running
+                    .get(&id)
+                    .is_some_and(|operation| operation.grouped) =>
+            {
+                return Outgoing::Drop;
+            }
+            ("complete", Some(id)) => {
+                self.stop(&id);
+            }
             (_, Some(id)) if self.ended.contains(&id) => return Outgoing::Drop,
             ("next" | "data", Some(id)) => match self.running.get(&id) {
                 Some(operation) if operation.snapshot => return Outgoing::Snapshot(text, id),
@@ -1054,6 +1229,7 @@ mod tests {
             ],
             send_budget: 1024,
             resumable: &[],
+            groups: None,
         }
     }
 
@@ -1330,6 +1506,138 @@ mod tests {
         session.sent(r#"{"type":"connection_ack"}"#.to_owned());
         let error = connection_error(&mut session);
         assert_eq!(error["payload"]["extensions"]["code"], "BAD_USER_INPUT");
+    }
+
+    #[test]
+    fn only_snapshots_reading_nothing_of_the_viewer_are_grouped_and_the_driver_ends_them() {
+        for (protocol, start, stop) in [
+            (WebSocketProtocols::GraphQLWS, "subscribe", "complete"),
+            (
+                WebSocketProtocols::SubscriptionsTransportWS,
+                "start",
+                "stop",
+            ),
+        ] {
+            let mut session = new_session(protocol);
+            session.settings.grouping = true;
+            let board = serde_json::json!({ "type": start, "id": "0", "payload": { "query": "subscription { board { top } }" } });
+            assert!(admit(&mut session, board), "not acknowledged yet");
+            session.sent(r#"{"type":"connection_ack"}"#.to_owned());
+            let mut started = |id: &str, query: &str| {
+                let message =
+                    serde_json::json!({ "type": start, "id": id, "payload": { "query": query } });
+                admission(&mut session, message)
+            };
+            let board = "subscription { board { top } }";
+            assert!(matches!(
+                started("1", board),
+                Admission::Join {
+                    replaces_forwarded: false
+                }
+            ));
+            assert!(matches!(
+                started("2", "subscription { board { viewerLikes } }"),
+                Admission::Forward
+            ));
+            assert!(matches!(
+                started("3", "subscription { news { title } }"),
+                Admission::Forward
+            ));
+            let stopped = |session: &mut Session, id: &str| {
+                admission(session, serde_json::json!({ "type": stop, "id": id }))
+            };
+            assert!(matches!(stopped(&mut session, "1"), Admission::Leave(id) if id == "1"));
+            assert!(!session.running.contains_key("1"));
+
+            // The client stops an operation async-graphql runs and reuses its id for a grouped
+            // one: async-graphql's `complete` of the old one is not the new one's end.
+            assert!(matches!(stopped(&mut session, "3"), Admission::Forward));
+            let mut session_started = |id: &str| {
+                let message =
+                    serde_json::json!({ "type": start, "id": id, "payload": { "query": board } });
+                admission(&mut session, message)
+            };
+            assert!(matches!(session_started("3"), Admission::Join { .. }));
+            assert_eq!(
+                session.sent(r#"{"type":"complete","id":"3"}"#.to_owned()),
+                Outgoing::Drop
+            );
+            assert!(session.running["3"].grouped);
+        }
+
+        // A legacy `start` may replace a running operation under its id: async-graphql's one is
+        // stopped for the grouped one that replaces it.
+        let mut session = new_session(WebSocketProtocols::SubscriptionsTransportWS);
+        session.settings.grouping = true;
+        session.sent(r#"{"type":"connection_ack"}"#.to_owned());
+        let start = |query: &str| serde_json::json!({ "type": "start", "id": "1", "payload": { "query": query } });
+        assert!(admit(
+            &mut session,
+            start("subscription { news { title } }")
+        ));
+        assert!(matches!(
+            admission(&mut session, start("subscription { board { top } }")),
+            Admission::Join {
+                replaces_forwarded: true
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_shared_result_is_wrapped_byte_for_byte_as_async_graphql_writes_it() {
+        use async_graphql::{EmptyMutation, Object, Schema, Subscription};
+
+        struct Query;
+        #[Object]
+        impl Query {
+            async fn zero(&self) -> i32 {
+                0
+            }
+        }
+        struct Board;
+        #[Subscription]
+        impl Board {
+            async fn board(&self) -> impl futures_util::Stream<Item = String> + use<> {
+                futures_util::stream::iter(["a \"quoted\" é\n".to_owned()])
+            }
+        }
+        let schema = Schema::build(Query, EmptyMutation, Board).finish();
+        let query = "subscription { board }";
+        let response = schema
+            .execute_stream(async_graphql::Request::new(query))
+            .next()
+            .await
+            .expect("a result");
+        let payload = serde_json::to_string(&response).unwrap();
+        let id = "an \"odd\" id ✓";
+        for (protocol, start) in [
+            (WebSocketProtocols::GraphQLWS, "subscribe"),
+            (WebSocketProtocols::SubscriptionsTransportWS, "start"),
+        ] {
+            let messages = [
+                serde_json::json!({ "type": "connection_init" }),
+                serde_json::json!({ "type": start, "id": id, "payload": { "query": query } }),
+            ];
+            let input = futures_util::stream::iter(
+                messages.map(|message| ClientMessage::from_bytes(message.to_string())),
+            )
+            .chain(futures_util::stream::pending());
+            let socket = async_graphql::http::WebSocket::from_message_stream(
+                schema.clone(),
+                input,
+                protocol,
+            );
+            let mut socket = std::pin::pin!(socket);
+            let mut texts = Vec::new();
+            while texts.len() < 3 {
+                match socket.next().await {
+                    Some(WsMessage::Text(text)) => texts.push(text),
+                    other => panic!("not a text message: {other:?}"),
+                }
+            }
+            assert_eq!(texts[1], shared_message(protocol, id, &payload));
+            assert_eq!(texts[2], complete_message(id));
+        }
     }
 
     #[test]
