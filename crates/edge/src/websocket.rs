@@ -240,10 +240,13 @@ pub async fn serve<E, OnInit, InitFuture>(
     // The connection's grouped operations and the one channel all their results come on, made at
     // its first.
     let mut grouped: Option<Grouped> = None;
+    // Made once: the loop wakes for every message a subscriber is sent, and a fresh wait on the
+    // token each time registered and dropped a waiter on it.
+    let mut shutting_down = std::pin::pin!(shutdown.cancelled());
     let close = loop {
         tokio::select! {
             biased;
-            () = shutdown.cancelled() => break Some(close_frame(1001, "server shutting down")),
+            () = &mut shutting_down => break Some(close_frame(1001, "server shutting down")),
             () = &mut init_deadline, if awaiting_init => {
                 if !lock(&session).initialised {
                     break Some(close_frame(4408, "Connection initialisation timeout"));
@@ -939,6 +942,10 @@ struct Session {
     /// Operations the driver ended (their credentials expired, or they fell behind) whose end
     /// async-graphql has not yet confirmed: what it still sends for them is dropped.
     ended: HashSet<String>,
+    /// How many `complete`s async-graphql still owes, by id, for operations the client stopped: its
+    /// echo of the stop. A client may start a new operation under the id before the echo comes out,
+    /// and the echo must not end that one.
+    echoes: HashMap<String, u32>,
     /// When the credentials of the connection expire, and whether they have.
     expires: Option<SystemTime>,
     expired: bool,
@@ -988,6 +995,7 @@ impl Session {
             acknowledged: false,
             running: HashMap::new(),
             ended: HashSet::new(),
+            echoes: HashMap::new(),
             expires: None,
             expired: false,
             init_refusal: None,
@@ -1047,12 +1055,11 @@ impl Session {
                     return Admission::Join { replaces_forwarded };
                 }
             }
-            ClientMessage::Stop { id } => {
-                let stopped = self.stop(id);
-                if stopped.is_some_and(|stopped| stopped.grouped) {
-                    return Admission::Leave(id.clone());
-                }
-            }
+            ClientMessage::Stop { id } => match self.stop(id) {
+                Some(stopped) if stopped.grouped => return Admission::Leave(id.clone()),
+                Some(_) => *self.echoes.entry(id.clone()).or_default() += 1,
+                None => {}
+            },
             _ => {}
         }
         Admission::Forward
@@ -1131,7 +1138,11 @@ impl Session {
     /// says whether it is a snapshot, or a message of an operation the driver ended, which the
     /// client must not see.
     fn sent(&mut self, text: String) -> Outgoing {
-        if self.acknowledged && self.running.is_empty() && self.ended.is_empty() {
+        if self.acknowledged
+            && self.running.is_empty()
+            && self.ended.is_empty()
+            && self.echoes.is_empty()
+        {
             return Outgoing::Send(text);
         }
         let Ok(Envelope { kind, id }) = serde_json::from_str(&text) else {
@@ -1141,6 +1152,12 @@ impl Session {
             ("connection_ack", _) => self.acknowledged = true,
             // The driver sent this operation's `complete` itself.
             ("complete", Some(id)) if self.ended.remove(&id) => return Outgoing::Drop,
+            // The echo of a client's stop ends nothing the driver still runs: under a reused id it
+            // would end the new operation for the client, so it goes only where the id is free
+            // (the arms below then send it, stopping nothing).
+            ("complete", Some(id)) if self.echo_came(&id) && self.running.contains_key(&id) => {
+                return Outgoing::Drop;
+            }
             // async-graphql runs no grouped operation: what it sends under a grouped id is the end
             // of an older operation of that id, which the client stopped or a legacy `start`
             // replaced.
@@ -1170,6 +1187,20 @@ impl Session {
             _ => {}
         }
         Outgoing::Send(text)
+    }
+
+    /// Whether a `complete` of `id` is the echo of a client's stop, which it then no longer awaits.
+    /// Exactly one `complete` of the stopped operation follows a stop: the echo, or async-graphql's
+    /// own end of it if the operation ended as the client stopped it.
+    fn echo_came(&mut self, id: &str) -> bool {
+        let Some(awaited) = self.echoes.get_mut(id) else {
+            return false;
+        };
+        *awaited -= 1;
+        if *awaited == 0 {
+            self.echoes.remove(id);
+        }
+        true
     }
 
     /// The close frame for a close async-graphql asks for. On graphql-transport-ws it uses generic
@@ -1377,6 +1408,7 @@ mod tests {
 
     #[test]
     fn an_id_completed_by_either_side_may_be_reused() {
+        let complete = || r#"{"type":"complete","id":"1"}"#.to_owned();
         let mut session = new_session(WebSocketProtocols::GraphQLWS);
         assert!(admit(&mut session, subscribe("1")));
         assert!(admit(
@@ -1384,11 +1416,32 @@ mod tests {
             serde_json::json!({ "type": "complete", "id": "1" })
         ));
         assert!(admit(&mut session, subscribe("1")));
-        assert_eq!(
-            session.sent(r#"{"type":"complete","id":"1"}"#.to_owned()),
-            Outgoing::Send(r#"{"type":"complete","id":"1"}"#.to_owned())
-        );
+        // async-graphql's echo of the stop comes after the new subscribe: it must not end the new
+        // operation, for the client or for the driver.
+        assert_eq!(session.sent(complete()), Outgoing::Drop);
+        assert_eq!(closed_with(&mut session, subscribe("1")).code, 4409);
+        assert_eq!(session.sent(complete()), Outgoing::Send(complete()));
         assert!(admit(&mut session, subscribe("1")));
+    }
+
+    #[test]
+    fn the_echo_of_a_stop_goes_to_the_client_when_the_id_was_not_reused() {
+        let complete = || r#"{"type":"complete","id":"1"}"#.to_owned();
+        let mut session = new_session(WebSocketProtocols::GraphQLWS);
+        assert!(admit(&mut session, subscribe("1")));
+        assert!(admit(&mut session, subscribe("2")));
+        assert!(admit(
+            &mut session,
+            serde_json::json!({ "type": "complete", "id": "1" })
+        ));
+        assert_eq!(session.sent(complete()), Outgoing::Send(complete()));
+        assert!(session.echoes.is_empty());
+        assert!(admit(&mut session, subscribe("1")));
+        assert_eq!(session.sent(complete()), Outgoing::Send(complete()));
+        assert!(
+            admit(&mut session, subscribe("1")),
+            "the server's own end freed the id"
+        );
     }
 
     #[test]
