@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use futures_util::StreamExt as _;
 use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest as _};
 
-use crate::helpers::{TestApp, eventually};
+use crate::helpers::{TestApp, eventually, series};
 use crate::subscriptions::{
     SUBSCRIPTION, Socket, close_frame, connect, next_message, open_socket, send, subscribed,
     wait_until_listening,
@@ -77,7 +77,7 @@ async fn hundreds_of_silent_websockets_are_all_closed_and_their_connections_rele
     // The edge's gauge counts every socket it serves, initialised or not (other tests' sockets
     // count too: the recorder is the process's).
     eventually("the edge's gauge counts the 300 sockets", async || {
-        metric(&app.metrics().await, "pulse_live_sockets_open") >= 300.0
+        series(&app.metrics().await, "pulse_live_sockets_open") >= 300.0
     })
     .await;
 
@@ -591,16 +591,6 @@ async fn socket_with_small_receive_buffer(app: &TestApp) -> Socket {
     socket
 }
 
-/// The value of a metric without labels in a scrape.
-fn metric(scrape: &str, name: &str) -> f64 {
-    scrape
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in the scrape"))
-        .parse()
-        .unwrap()
-}
-
 const SEND_BUDGET: usize = 32 * 1024;
 
 #[tokio::test]
@@ -638,7 +628,7 @@ async fn a_subscriber_that_stops_reading_holds_one_snapshot_within_its_budget_an
     // The client reads nothing more while votes move the board, each tick a new snapshot, until
     // the server's queue has had to replace one.
     let (user, _) = crate::likes::users(&app, 1).await.remove(0);
-    let replaced_before = metric(&app.metrics().await, "pulse_live_snapshots_replaced_total");
+    let replaced_before = series(&app.metrics().await, "pulse_live_snapshots_replaced_total");
     let mut votes = 0usize;
     let mut peak_queued: f64 = 0.0;
     loop {
@@ -661,8 +651,8 @@ async fn a_subscriber_that_stops_reading_holds_one_snapshot_within_its_budget_an
         tokio::time::sleep(Duration::from_millis(6)).await;
         if votes.is_multiple_of(20) {
             let scrape = app.metrics().await;
-            peak_queued = peak_queued.max(metric(&scrape, "pulse_live_queued_bytes"));
-            let replaced = metric(&scrape, "pulse_live_snapshots_replaced_total");
+            peak_queued = peak_queued.max(series(&scrape, "pulse_live_queued_bytes"));
+            let replaced = series(&scrape, "pulse_live_snapshots_replaced_total");
             if replaced > replaced_before + 20.0 {
                 break;
             }
@@ -760,7 +750,7 @@ async fn an_event_subscriber_that_stops_reading_gets_what_was_queued_then_a_resy
     // Announcements trail the publishes (they are relayed from SQL's outbox), so the resync may
     // come after the last one.
     let resyncs = async || {
-        metric(
+        series(
             &app.metrics().await,
             "pulse_live_slow_consumer_resyncs_total",
         )
@@ -839,7 +829,7 @@ async fn an_event_subscriber_that_stops_reading_gets_what_was_queued_then_a_resy
 
 /// The value of a metric's series with `labels` (as the scrape writes them) in a scrape.
 fn labelled(scrape: &str, name: &str, labels: &str) -> f64 {
-    metric(scrape, &format!("{name}{{{labels}}}"))
+    series(scrape, &format!("{name}{{{labels}}}"))
 }
 
 #[tokio::test]
@@ -849,7 +839,7 @@ async fn socket_metrics_count_sockets_operations_by_field_and_what_was_sent() {
     let mut socket = subscribed(&app, "graphql-transport-ws", json!({}), "subscribe", "1").await;
     let during = app.metrics().await;
     assert!(
-        metric(&during, "pulse_live_sockets_open") >= 1.0,
+        series(&during, "pulse_live_sockets_open") >= 1.0,
         "{during}"
     );
     let operations = |scrape: &str| {
@@ -870,7 +860,7 @@ async fn socket_metrics_count_sockets_operations_by_field_and_what_was_sent() {
         "pulse_live_bytes_sent_total",
     ] {
         assert!(
-            metric(&after, sent) > metric(&before, sent),
+            series(&after, sent) > series(&before, sent),
             "{sent}: {after}"
         );
     }

@@ -11,7 +11,7 @@ use pulse::http::groups::Groups;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::helpers::{TestApp, eventually};
+use crate::helpers::{TestApp, eventually, series};
 use crate::likes::users;
 use crate::multipart::Parts;
 use crate::sse::Events;
@@ -122,13 +122,6 @@ impl Poll {
     }
 }
 
-fn metric(scrape: &str, name: &str) -> f64 {
-    scrape
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn hundreds_of_identical_subscriptions_get_the_same_bytes_from_one_serialization_per_change()
 {
@@ -168,7 +161,7 @@ async fn hundreds_of_identical_subscriptions_get_the_same_bytes_from_one_seriali
         "different variables, another group"
     );
     // The gauge is the process's, which other tests' servers share.
-    assert!(metric(&app.metrics().await, "pulse_live_groups") >= 2.0);
+    assert!(series(&app.metrics().await, "pulse_live_groups") >= 2.0);
     listening(&app, poll.row()).await;
 
     let mut seen = vec![first];
@@ -194,7 +187,7 @@ async fn hundreds_of_identical_subscriptions_get_the_same_bytes_from_one_seriali
             "pulse_live_group_deliveries_total",
         ] {
             assert!(
-                metric(&after, name) >= metric(&scrape, name) + 2.0,
+                series(&after, name) >= series(&scrape, name) + 2.0,
                 "{name}"
             );
         }

@@ -447,6 +447,21 @@ pub async fn two_votes_lead(
 }
 
 /// The `extensions.code` of a response's first error.
+/// A series of a `/metrics` scrape, by its name and labels as written there; 0 when the scrape
+/// has none (a counter never incremented).
+pub fn series(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
 pub fn error_code(response: &Value) -> &str {
     response["errors"][0]["extensions"]["code"]
         .as_str()

@@ -1,6 +1,6 @@
 use serde_json::json;
 
-use crate::helpers::{TestApp, app_on_a_private_redis, eventually, private_redis};
+use crate::helpers::{TestApp, app_on_a_private_redis, eventually, private_redis, series};
 
 #[tokio::test]
 async fn health_and_readiness_answer() {
@@ -230,19 +230,11 @@ async fn losing_redis_makes_the_hot_path_unavailable_not_broken() {
     assert_eq!(body["sql"], "ok");
 }
 
-/// The value of an unlabelled counter in a `/metrics` text, 0 when it was never incremented.
-fn counter_value(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcement_counted() {
     let (app, private) = app_on_a_private_redis().await;
     let (token, _) = app.sign_up("announcer").await;
-    let lost_before = counter_value(
+    let lost_before = series(
         &app.metrics().await,
         "pulse_article_announcements_lost_total",
     );
@@ -254,7 +246,7 @@ async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcem
         app.stored_article(&article).await.title,
         "committed without Redis"
     );
-    let lost_after = counter_value(
+    let lost_after = series(
         &app.metrics().await,
         "pulse_article_announcements_lost_total",
     );

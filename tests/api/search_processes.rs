@@ -263,11 +263,7 @@ async fn counter(http: &reqwest::Client, port: u16, name: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
+    crate::helpers::series(&metrics, name)
 }
 
 /// Counts change and nothing else while the server is SIGKILLed: the replica reopens without

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::connections::{LONG_ARTICLES, publish_long_articles_until};
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
-use crate::helpers::{TestApp, article_row, error_code, eventually};
+use crate::helpers::{TestApp, article_row, error_code, eventually, series};
 use crate::votes::{admin, create_poll, row};
 use crate::votes_live::{listening, vote};
 
@@ -698,14 +698,6 @@ async fn last_event_id_fills_an_after_the_operation_omits_or_writes_inline() {
         item["cursor"].as_str(),
         "the alias keeps the id"
     );
-}
-
-/// A series of the `/metrics` scrape, by its name and labels as written there.
-fn series(scrape: &str, series: &str) -> f64 {
-    scrape
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |value| value.parse().unwrap())
 }
 
 #[tokio::test]

@@ -24,6 +24,8 @@ use futures_util::stream::BoxStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::counted::Counted;
+
 /// Groups running, each with one stream.
 pub const GROUPS_RUNNING: &str = "pulse_live_groups";
 /// Results serialized by groups: one per result of a group, however many members it has.
@@ -196,7 +198,7 @@ impl Groups {
     /// Serializes each result of the group's stream once and hands it to every member, until the
     /// stream ends (then every member hears it) or its last member leaves.
     async fn drive(self: Arc<Self>, group: Arc<Group>, mut stream: BoxStream<'static, Response>) {
-        let _running = RunningGroup::new();
+        let _running = Counted::new(metrics::gauge!(GROUPS_RUNNING));
         // However the stream stops (its end, its last member leaving, a resolver's panic), the
         // group leaves the registry and its members hear the end: no joiner waits on a dead one.
         let _ending = Ending {
@@ -291,26 +293,10 @@ fn unregister(running: &mut HashMap<String, Arc<Group>>, group: &Arc<Group>) {
     }
 }
 
-/// A group counted in [`GROUPS_RUNNING`] while its stream runs.
-struct RunningGroup(metrics::Gauge);
-
-impl RunningGroup {
-    fn new() -> Self {
-        let running = metrics::gauge!(GROUPS_RUNNING);
-        running.increment(1.0);
-        Self(running)
-    }
-}
-
-impl Drop for RunningGroup {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
-    }
-}
-
 /// What makes two requests the same operation: everything a client sends of one, with the keys
 /// of every object sorted, so that the order a client wrote its variables in does not split a
-/// group.
+/// group. Sorted here rather than left to serde_json, whose maps keep insertion order once any crate
+/// of an application turns on its `preserve_order` feature.
 fn key(request: &Request) -> String {
     let whole = serde_json::json!({
         "query": request.query,

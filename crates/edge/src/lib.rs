@@ -28,6 +28,7 @@
 //! This crate names no domain and depends on no application: an app depends on it, never the
 //! other way, so a domain type used here fails to compile.
 
+mod counted;
 pub mod groups;
 pub mod guard;
 pub mod http;

@@ -64,6 +64,7 @@ use futures_util::stream::{BoxStream, Stream};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::counted::Counted;
 use crate::groups::Groups;
 use crate::websocket;
 
@@ -467,18 +468,10 @@ struct Outlet {
     _gone: DropGuard,
     /// What the stream holds while it is open (a place under a per-address cap, say).
     _held: Box<dyn Any + Send>,
-    _open: OpenStream,
+    /// Counts the stream in [`STREAMS_OPEN`].
+    _open: Counted,
     messages_sent: metrics::Counter,
     bytes_sent: metrics::Counter,
-}
-
-/// A stream counted in [`STREAMS_OPEN`] while it lives.
-struct OpenStream(metrics::Gauge);
-
-impl Drop for OpenStream {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
-    }
 }
 
 /// A new stream's two ends, within `budget` bytes of unread messages.
@@ -496,14 +489,12 @@ fn channel(transport: Transport, budget: usize, held: Box<dyn Any + Send>) -> (I
     queue.enqueue(transport.opening(), None);
     let queue = Arc::new(Mutex::new(queue));
     let gone = CancellationToken::new();
-    let open = metrics::gauge!(STREAMS_OPEN, "transport" => label);
-    open.increment(1.0);
     let outlet = Outlet {
         queue: queue.clone(),
         cut: false,
         _gone: gone.clone().drop_guard(),
         _held: held,
-        _open: OpenStream(open),
+        _open: Counted::new(metrics::gauge!(STREAMS_OPEN, "transport" => label)),
         messages_sent: metrics::counter!(STREAM_MESSAGES_SENT, "transport" => label),
         bytes_sent: metrics::counter!(STREAM_BYTES_SENT, "transport" => label),
     };
@@ -678,8 +669,8 @@ pub(crate) struct Bounds {
 
 impl Bounds {
     /// The operation counted as running, and what its pump must know of it.
-    fn live(&self, transport: Transport, request: &async_graphql::Request) -> (Running, Live) {
-        (Running::new(transport), self.live_of(request))
+    fn live(&self, transport: Transport, request: &async_graphql::Request) -> (Counted, Live) {
+        (running(transport), self.live_of(request))
     }
 
     /// What an operation's pump must know of it.
@@ -744,20 +735,8 @@ fn credentials_expired() -> Response {
 }
 
 /// An operation counted in [`STREAM_OPERATIONS`] while it runs.
-struct Running(metrics::Gauge);
-
-impl Running {
-    fn new(transport: Transport) -> Self {
-        let gauge = metrics::gauge!(STREAM_OPERATIONS, "transport" => transport.label());
-        gauge.increment(1.0);
-        Self(gauge)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
-    }
+fn running(transport: Transport) -> Counted {
+    Counted::new(metrics::gauge!(STREAM_OPERATIONS, "transport" => transport.label()))
 }
 
 /// How an operation's pump stopped.
@@ -1082,7 +1061,7 @@ impl Reservations {
             room(&running)?;
             running.insert(id.clone(), stop.clone());
         }
-        let counted = Running::new(Transport::Sse);
+        let counted = running(Transport::Sse);
         let responses = futures_util::stream::iter(first)
             .chain(responses)
             .map(|response| Resolved::Own(Box::new(response)))

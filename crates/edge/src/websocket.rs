@@ -65,6 +65,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::counted::Counted;
 use crate::groups::{Delivery, Groups, Membership};
 use crate::guard;
 
@@ -190,7 +191,7 @@ pub async fn serve<E, OnInit, InitFuture>(
     InitFuture: Future<Output = async_graphql::Result<Data>> + Send + 'static,
 {
     let (mut sink, mut stream) = socket.split();
-    let _open = OpenSocket::new();
+    let _open = Counted::new(metrics::gauge!(SOCKETS_OPEN));
     let session = Arc::new(Mutex::new(Session::new(protocol, &settings)));
     let on_init = {
         let session = session.clone();
@@ -500,23 +501,6 @@ fn slow_consumer(outbox: &mut Outbox, budget: usize) -> CloseFrame {
     outbox.clear();
     let reason = format!("Slow consumer: more than {budget} bytes waiting to be sent");
     close_frame(SLOW_CONSUMER, &reason)
-}
-
-/// A socket counted in [`SOCKETS_OPEN`] while it lives.
-struct OpenSocket(metrics::Gauge);
-
-impl OpenSocket {
-    fn new() -> Self {
-        let open = metrics::gauge!(SOCKETS_OPEN);
-        open.increment(1.0);
-        Self(open)
-    }
-}
-
-impl Drop for OpenSocket {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
-    }
 }
 
 /// What waits for the socket: at most a budget of bytes, or one message if it is larger.
