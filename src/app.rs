@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
+use pulse_kit::Registry;
 use sea_orm::DatabaseConnection;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +26,6 @@ use crate::ownership::{self, DatabaseIdentity};
 use crate::realtime::Hub;
 use crate::redis::Redis;
 use crate::redis::embedded::{self, RedisLocation};
-use crate::scripts::SCRIPTS;
 use crate::services::{Inputs, Services, Workers};
 
 /// The one application state: what the HTTP handlers and the GraphQL schema share, and what tests
@@ -35,6 +35,8 @@ pub struct AppState {
     pub db: DatabaseConnection,
     pub redis: Redis,
     pub services: Arc<Services>,
+    /// The same services by type, as resolvers and loaders reach them.
+    pub registry: Arc<Registry>,
     pub schema: PulseSchema,
     /// Requests that reused their document's validation (see [`crate::graphql::validated`]).
     pub validations: Arc<ValidationTally>,
@@ -91,7 +93,8 @@ impl Backends {
             None => identity.default_prefix(&redis_location),
         };
         let connected = async {
-            let redis = Redis::connect(redis_location.url(), &prefix, &SCRIPTS.all()).await?;
+            let redis =
+                Redis::connect(redis_location.url(), &prefix, &crate::services::scripts()).await?;
             ownership::claim(&db, &redis, &identity, redis_location.url()).await?;
             anyhow::Ok(redis)
         }
@@ -151,10 +154,11 @@ impl App {
             introspection: config.introspection,
         };
         let validations = Arc::new(ValidationTally::default());
-        let schema = schema::build(limits, services.clone(), validations.clone());
+        let registry = Arc::new(services.registry());
+        let schema = schema::build(limits, registry.clone(), validations.clone());
         let groups = Groups::new(schema.clone(), {
-            let services = services.clone();
-            move || schema::anonymous_request_data(&services)
+            let registry = registry.clone();
+            move || schema::anonymous_request_data(&registry)
         });
         let state = AppState {
             db,
@@ -162,6 +166,7 @@ impl App {
             schema,
             validations,
             services,
+            registry,
             tokens,
             hub,
             connections: Connections::new(config.max_connections),

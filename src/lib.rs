@@ -2,7 +2,6 @@
 //! flow and the layering.
 
 pub mod accounts;
-pub mod actor;
 pub mod app;
 pub mod articles;
 pub mod commands;
@@ -23,9 +22,10 @@ pub mod seed_demo;
 pub mod services;
 pub mod telemetry;
 pub mod views;
-pub mod votes;
 
+pub use pulse_kit::actor;
 pub use pulse_runtime::{error, jobs, pagination, realtime, redis, text};
+pub use pulse_votes as votes;
 
 pub use app::App;
 pub use config::Config;

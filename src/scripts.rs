@@ -1,5 +1,6 @@
-//! The domains' Lua scripts, compiled into the binary from `lua/` and invoked by name; the job
-//! runtime keeps its own (`pulse_runtime::redis::Scripts`), and `Redis::connect` loads both.
+//! The app crate's domains' Lua scripts, compiled into the binary from `lua/` and invoked by name.
+//! A domain crate keeps its own (`pulse_votes::scripts`), as the job runtime does
+//! (`pulse_runtime::redis::Scripts`); `services::scripts` lists them all for `Redis::connect`.
 
 use std::sync::LazyLock;
 
@@ -30,8 +31,6 @@ pub struct Scripts {
     pub article_stats_read: Script,
     /// An article's featured comments replaced under its lease: see `lua/featured_store.lua`.
     pub featured_store: Script,
-    /// One voter's ballots in one poll, all or nothing each: see `lua/vote_cast.lua`.
-    pub vote_cast: Script,
     /// Articles into the timelines of one author's followers: see `lua/feed_deliver.lua`.
     pub feed_deliver: Script,
     /// One page of a timeline from its inbox: see `lua/feed_read.lua`.
@@ -65,7 +64,6 @@ impl Scripts {
             article_stats_bump: Script::new(include_str!("../lua/article_stats_bump.lua")),
             article_stats_read: Script::new(include_str!("../lua/article_stats_read.lua")),
             featured_store: Script::new(include_str!("../lua/featured_store.lua")),
-            vote_cast: Script::new(include_str!("../lua/vote_cast.lua")),
             feed_deliver: Script::new(include_str!("../lua/feed_deliver.lua")),
             feed_read: Script::new(include_str!("../lua/feed_read.lua")),
             journal_read: Script::new(include_str!("../lua/journal_read.lua")),
@@ -79,7 +77,7 @@ impl Scripts {
     }
 
     /// Every script, for the registry to load at start-up (`Redis::connect`).
-    pub fn all(&self) -> [&Script; 20] {
+    pub fn all(&self) -> [&Script; 19] {
         [
             &self.rate_limit,
             &self.record_view,
@@ -91,7 +89,6 @@ impl Scripts {
             &self.article_stats_bump,
             &self.article_stats_read,
             &self.featured_store,
-            &self.vote_cast,
             &self.feed_deliver,
             &self.feed_read,
             &self.journal_read,

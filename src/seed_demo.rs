@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use chrono::{Duration, Utc};
+use pulse_kit::actor::Actor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accounts::TokenSigner;
 use crate::accounts::service::{Handle, find_by_handle, insert_user};
-use crate::actor::Actor;
 use crate::app::Backends;
 use crate::config::Config;
 use crate::likes::Subject;

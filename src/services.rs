@@ -11,6 +11,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use async_graphql::{MergedObject, MergedSubscription};
 use pulse_edge::websocket::{LiveField, LiveKind};
+use pulse_kit::Registry;
 use sea_orm::DatabaseConnection;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -114,11 +115,18 @@ pub const RESUMABLE: &[pulse_edge::stream::Resumable] = &[
 ];
 
 node_types! {
-    User => load_user,
-    Article => load_article,
-    Comment => load_comment,
-    Poll => load_poll,
-    PollOption => load_poll_option,
+    User(crate::accounts::USER) => load_user,
+    Article(crate::articles::ARTICLE) => load_article,
+    Comment(crate::likes::COMMENT) => load_comment,
+    Poll(crate::votes::POLL) => load_poll,
+    PollOption(crate::votes::POLL_OPTION) => load_poll_option,
+}
+
+/// Every domain's Lua scripts, which `Redis::connect` loads at start-up.
+pub fn scripts() -> Vec<&'static redis::Script> {
+    let mut scripts = crate::scripts::SCRIPTS.all().to_vec();
+    scripts.extend(crate::votes::scripts::all());
+    scripts
 }
 
 /// A job the binary runs: its identity (what `pulse jobs` and the job metrics know of it) and how
@@ -223,6 +231,25 @@ pub struct Services {
 }
 
 impl Services {
+    /// Every service, for resolvers and loaders to reach by type ([`pulse_kit::service`]).
+    pub fn registry(&self) -> Registry {
+        Registry::default()
+            .with(self.accounts.clone())
+            .with(self.articles.clone())
+            .with(self.views.clone())
+            .with(self.likes.clone())
+            .with(self.comments.clone())
+            .with(self.featured.clone())
+            .with(self.stats.clone())
+            .with(self.votes.clone())
+            .with(self.polls.clone())
+            .with(self.live_boards.clone())
+            .with(self.follows.clone())
+            .with(self.feed.clone())
+            .with(self.documents.clone())
+            .with(self.search.clone())
+    }
+
     /// Builds every service and starts nothing: the live watchers only hold `workers` to spawn
     /// into once someone subscribes.
     pub fn build(inputs: Inputs<'_>, workers: Workers<'_>) -> anyhow::Result<Self> {
@@ -283,8 +310,12 @@ impl Services {
             poll_configs.clone(),
             config.vote_bucket_retention,
         );
-        let polls =
-            PollAdminService::new(db.clone(), redis.clone(), accounts.clone(), poll_configs);
+        let polls = PollAdminService::new(
+            db.clone(),
+            redis.clone(),
+            Arc::new(accounts.clone()),
+            poll_configs,
+        );
         let live_boards = LiveBoardService::new(
             votes.clone(),
             LiveWorkers {
@@ -434,4 +465,18 @@ fn crawler_detector(patterns_file: Option<&Path>) -> anyhow::Result<CrawlerDetec
             .collect(),
     };
     CrawlerDetector::new(&extra)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A domain's `NodeType` carries the name its ids are written with, which must be its GraphQL
+    /// type's, or `node(id:)` and the type's own `id` field would disagree.
+    #[test]
+    fn every_node_type_is_named_as_the_graphql_type_it_resolves_to() {
+        let types = super::node_types();
+        assert_eq!(types.len(), 5);
+        for (node_type, graphql_name) in types {
+            assert_eq!(node_type.name(), graphql_name);
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! What the compiler cannot hold of ARCHITECTURE.md's layering, checked on the source tree. The
 //! arrows between crates are the compiler's (`pulse-runtime` cannot name the app or a domain); these
-//! rules are inside the app crate, where every module may name every other: resolvers reach storage
+//! rules are inside each crate, where every module may name every other: resolvers reach storage
 //! only through services, and services know nothing of GraphQL. Comments are ignored; any other
 //! mention of a forbidden crate or module (a `use`, a path in an expression) fails. Also an
 //! assumption the request pipeline rests on: query complexity reads no argument but the page size
@@ -19,12 +19,14 @@ fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
     }
 }
 
+/// The app's sources and every workspace crate's, the domain crates' among them.
 fn sources() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut found = Vec::new();
-    rust_files(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut found,
-    );
+    rust_files(&root.join("src"), &mut found);
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        rust_files(&entry.unwrap().path().join("src"), &mut found);
+    }
     found
 }
 

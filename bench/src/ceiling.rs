@@ -9,13 +9,13 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use pulse::actor::Identity;
 use pulse::keys::LikeShardKeys;
+use pulse::keys::{LikeKeys, ViewKeys, VoteKeys};
 use pulse::likes::Subject;
 use pulse::redis::Keys;
 use pulse::scripts::SCRIPTS;
 use pulse::views::buckets;
 
 use crate::redis_util;
-use pulse::keys::{LikeKeys, ViewKeys, VoteKeys};
 
 /// All ceiling calls view or like this article, so every key is in one shard (and one cluster
 /// slot).
@@ -273,7 +273,7 @@ async fn vote_cast_call(
         // The ceiling runs on one server only (redis-benchmark refuses a cluster).
         publish: "PUBLISH",
     });
-    let sha = load_script(&SCRIPTS.vote_cast, conn, "vote_cast.lua").await?;
+    let sha = load_script(&pulse::votes::scripts::VOTE_CAST, conn, "vote_cast.lua").await?;
     let mut args = vec![call.keys.len().to_string()];
     args.extend(call.keys);
     args.extend(call.args);

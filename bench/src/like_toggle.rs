@@ -474,12 +474,9 @@ async fn drain(
     database: &BenchDatabase,
     prefix: &str,
 ) -> anyhow::Result<(u64, Drain, Settled)> {
-    let redis = pulse::redis::Redis::connect(
-        &args.common.redis_url,
-        prefix,
-        &pulse::scripts::SCRIPTS.all(),
-    )
-    .await?;
+    let redis =
+        pulse::redis::Redis::connect(&args.common.redis_url, prefix, &pulse::services::scripts())
+            .await?;
     let (events, remaining) = archive_backlog(&redis).await?;
     ensure!(
         remaining == events,

@@ -1,14 +1,17 @@
 use async_graphql::{Context, ID, Lookahead, Object, SimpleObject};
 use chrono::{DateTime, Utc};
+use pulse_kit::connection::{connection, connection_complexity};
+use pulse_kit::ids;
+use pulse_kit::{actor, loaders, service};
 
 use super::loader::UserLoader;
+use crate::accounts::AccountService;
+use crate::accounts::USER;
+use crate::articles::ArticleService;
 use crate::articles::graphql::{Article, ArticleConnection, prefetch_page};
 use crate::articles::service::USER_ARTICLES;
 use crate::entities::users;
 use crate::error::GqlResultExt;
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{connection, connection_complexity};
-use crate::graphql::{actor, loaders, services};
 use crate::pagination::PageRequest;
 
 pub struct User {
@@ -30,7 +33,7 @@ impl From<users::Model> for User {
 #[Object]
 impl User {
     pub async fn id(&self) -> ID {
-        ids::encode(NodeType::User, self.row.id)
+        ids::encode(USER, self.row.id)
     }
 
     async fn handle(&self) -> &str {
@@ -90,8 +93,7 @@ impl User {
         after: Option<String>,
     ) -> async_graphql::Result<ArticleConnection> {
         let page = PageRequest::parse(USER_ARTICLES, first, after.as_deref()).gql()?;
-        let articles = services(ctx)
-            .articles
+        let articles = service::<ArticleService>(ctx)
             .list(page, Some(self.row.id))
             .await
             .gql()?;
@@ -101,7 +103,7 @@ impl User {
 }
 
 /// Loads the users of `ids` in one batch when `node` (the selection of one item of a list)
-/// selects `author`; see [`crate::graphql::loaders`].
+/// selects `author`; see [`pulse_kit::context`].
 pub async fn prefetch_authors(
     ctx: &Context<'_>,
     node: &Lookahead<'_>,
@@ -159,8 +161,7 @@ impl AccountsQuery {
         let Ok(handle) = super::service::Handle::parse(&handle) else {
             return Ok(None);
         };
-        Ok(services(ctx)
-            .accounts
+        Ok(service::<AccountService>(ctx)
             .by_handle(&handle)
             .await
             .gql()?
@@ -180,8 +181,7 @@ impl AccountsMutation {
         handle: String,
         password: String,
     ) -> async_graphql::Result<AuthPayload> {
-        Ok(services(ctx)
-            .accounts
+        Ok(service::<AccountService>(ctx)
             .sign_up(actor(ctx), &handle, &password)
             .await
             .gql()?
@@ -194,8 +194,7 @@ impl AccountsMutation {
         handle: String,
         password: String,
     ) -> async_graphql::Result<AuthPayload> {
-        Ok(services(ctx)
-            .accounts
+        Ok(service::<AccountService>(ctx)
             .sign_in(actor(ctx), &handle, &password)
             .await
             .gql()?

@@ -2,18 +2,17 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use pulse_kit::context::{FromServices, Registry};
 
 use super::AccountService;
 use crate::entities::users;
-use crate::graphql::loaders::FromServices;
-use crate::services::Services;
 
 /// Users by id, batched: a page of articles costs one query for all their authors.
 pub struct UserLoader(pub AccountService);
 
 impl FromServices for UserLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.accounts.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<AccountService>().clone())
     }
 }
 

@@ -12,3 +12,6 @@ pub mod tokens;
 
 pub use service::AccountService;
 pub use tokens::TokenSigner;
+
+/// A user's global id names this type.
+pub const USER: pulse_kit::ids::NodeType = pulse_kit::ids::NodeType::named("User");

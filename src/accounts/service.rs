@@ -1,12 +1,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pulse_kit::actor::Actor;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
 };
 
 use super::{password, tokens::TokenSigner};
-use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::users;
 use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};
@@ -73,6 +73,13 @@ pub struct AccountService {
     redis: Redis,
     tokens: Arc<TokenSigner>,
     auth_attempts_per_minute: u32,
+}
+
+#[async_trait::async_trait]
+impl pulse_kit::Admins for AccountService {
+    async fn require_admin(&self, user_id: i64) -> AppResult<()> {
+        AccountService::require_admin(self, user_id).await
+    }
 }
 
 impl AccountService {

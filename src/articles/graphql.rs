@@ -1,15 +1,19 @@
 use async_graphql::{Context, ID, InputObject, Lookahead, Object, SimpleObject, Subscription};
 use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
+use pulse_kit::connection::{Connected, connection, connection_complexity};
+use pulse_kit::ids;
+use pulse_kit::{actor, loaders, service};
 
 use super::loader::ArticleLoader;
 use super::service::{ArticleChanges, NEWEST, USER_ARTICLES};
+use crate::accounts::USER;
 use crate::accounts::graphql::{User, load_user, prefetch_authors};
+use crate::articles::ARTICLE;
+use crate::articles::ArticleService;
+use crate::articles::ArticleStatsService;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{Connected, connection, connection_complexity};
-use crate::graphql::{actor, loaders, services};
 use crate::likes::Subject;
 use crate::likes::graphql as likes;
 use crate::pagination::{Cursor, Page, PageRequest};
@@ -21,7 +25,7 @@ pub type ArticleConnection = Connected<Article>;
 #[Object]
 impl Article {
     pub async fn id(&self) -> ID {
-        ids::encode(NodeType::Article, self.0.id)
+        ids::encode(ARTICLE, self.0.id)
     }
 
     async fn title(&self) -> &str {
@@ -90,7 +94,7 @@ impl Article {
 
 /// Loads, in one batch per kind, what the selected fields of `rows` need (`node` is the selection
 /// of one article): a page of articles costs one round trip per kind whatever its size and however
-/// its resolvers are scheduled. See [`crate::graphql::loaders`].
+/// its resolvers are scheduled. See [`pulse_kit::context`].
 pub async fn prefetch_articles(
     ctx: &Context<'_>,
     node: Lookahead<'_>,
@@ -164,7 +168,7 @@ pub struct ArticlesQuery;
 impl ArticlesQuery {
     #[graphql(cache_control(max_age = 5))]
     async fn article(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Option<Article>> {
-        let id = ids::decode(&id, NodeType::Article, "id").gql()?;
+        let id = ids::decode(&id, ARTICLE, "id").gql()?;
         load_article(ctx, id).await
     }
 
@@ -181,7 +185,7 @@ impl ArticlesQuery {
         author_id: Option<ID>,
     ) -> async_graphql::Result<ArticleConnection> {
         let author_id = author_id
-            .map(|id| ids::decode(&id, NodeType::User, "authorId"))
+            .map(|id| ids::decode(&id, USER, "authorId"))
             .transpose()
             .gql()?;
         // One author's articles are the walk `User.articles` pages too; a cursor of the whole list
@@ -193,7 +197,10 @@ impl ArticlesQuery {
             NEWEST
         };
         let page = PageRequest::parse(walk, first, after.as_deref()).gql()?;
-        let articles = services(ctx).articles.list(page, author_id).await.gql()?;
+        let articles = service::<ArticleService>(ctx)
+            .list(page, author_id)
+            .await
+            .gql()?;
         prefetch_page(ctx, &articles).await?;
         Ok(connection(articles, Article))
     }
@@ -210,8 +217,7 @@ impl ArticlesMutation {
         ctx: &Context<'_>,
         input: PublishArticleInput,
     ) -> async_graphql::Result<Article> {
-        let article = services(ctx)
-            .articles
+        let article = service::<ArticleService>(ctx)
             .publish(actor(ctx), &input.title, &input.body)
             .await
             .gql()?;
@@ -225,14 +231,13 @@ impl ArticlesMutation {
         id: ID,
         input: EditArticleInput,
     ) -> async_graphql::Result<Article> {
-        let id = ids::decode(&id, NodeType::Article, "id").gql()?;
+        let id = ids::decode(&id, ARTICLE, "id").gql()?;
         let changes = ArticleChanges {
             title: input.title,
             body: input.body,
         };
         Ok(Article(
-            services(ctx)
-                .articles
+            service::<ArticleService>(ctx)
                 .edit(actor(ctx), id, changes)
                 .await
                 .gql()?,
@@ -275,12 +280,11 @@ impl ArticlesSubscription {
         after: Option<String>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<Article>> + use<>> {
         let author_id = author_id
-            .map(|id| ids::decode(&id, NodeType::User, "authorId"))
+            .map(|id| ids::decode(&id, USER, "authorId"))
             .transpose()
             .gql()?;
         let after = after.as_deref().map(published_position).transpose().gql()?;
-        let published = services(ctx)
-            .articles
+        let published = service::<ArticleService>(ctx)
             .published(after, author_id)
             .await
             .gql()?;
@@ -294,10 +298,13 @@ impl ArticlesSubscription {
         ctx: &Context<'_>,
         article_id: ID,
     ) -> async_graphql::Result<impl Stream<Item = ArticleStats> + use<>> {
-        let article = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
-        let stats = services(ctx).stats.watch(article).await.gql()?;
+        let article = ids::decode(&article_id, ARTICLE, "articleId").gql()?;
+        let stats = service::<ArticleStatsService>(ctx)
+            .watch(article)
+            .await
+            .gql()?;
         Ok(stats.map(|stats| ArticleStats {
-            article_id: ids::encode(NodeType::Article, stats.article),
+            article_id: ids::encode(ARTICLE, stats.article),
             version: stats.version.to_string(),
             view_count: stats.view_count,
             like_count: stats.like_count,
@@ -309,7 +316,7 @@ impl ArticlesSubscription {
 /// The publication position `articlePublished`'s `after` names: an Article id, or a cursor of
 /// `articles` (both walk articles by id, the publication order).
 fn published_position(after: &str) -> AppResult<i64> {
-    if let Ok(article) = ids::decode(&ID::from(after), NodeType::Article, "after") {
+    if let Ok(article) = ids::decode(&ID::from(after), ARTICLE, "after") {
         return Ok(article);
     }
     Cursor::decode::<()>(NEWEST, after)

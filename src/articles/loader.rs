@@ -2,18 +2,17 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use pulse_kit::context::{FromServices, Registry};
 
 use super::ArticleService;
 use crate::entities::articles;
-use crate::graphql::loaders::FromServices;
-use crate::services::Services;
 
 /// Articles by id, batched: `node(id:)` lookups in one request share a query.
 pub struct ArticleLoader(pub ArticleService);
 
 impl FromServices for ArticleLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.articles.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<ArticleService>().clone())
     }
 }
 

@@ -13,3 +13,6 @@ pub mod stats;
 
 pub use service::ArticleService;
 pub use stats::ArticleStatsService;
+
+/// An article's global id names this type.
+pub const ARTICLE: pulse_kit::ids::NodeType = pulse_kit::ids::NodeType::named("Article");

@@ -1,13 +1,13 @@
 use std::collections::HashMap;
 
 use anyhow::Context as _;
+use pulse_kit::actor::Actor;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
     EntityTrait, QueryFilter, QueryOrder, QuerySelect, SqlErr, TransactionTrait,
 };
 
-use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult};

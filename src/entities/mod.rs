@@ -10,13 +10,11 @@ pub mod follows;
 pub mod like_archive_shards;
 pub mod like_events;
 pub mod likes;
-pub mod poll_options;
-pub mod poll_rules;
-pub mod polls;
 pub mod search_outbox;
 pub mod search_state;
 pub mod trusted_documents;
 pub mod users;
 pub mod view_flush_batches;
 pub mod view_flush_shards;
-pub mod vote_log;
+
+pub use pulse_votes::entities::{poll_options, poll_rules, polls, vote_log};

@@ -1,11 +1,12 @@
 use async_graphql::connection::{Connection, ConnectionNameType, Edge, EdgeNameType, EmptyFields};
 use async_graphql::{Context, Object, OutputType, SimpleObject, Subscription};
 use futures_util::{Stream, StreamExt as _};
+use pulse_kit::connection::connection_complexity;
+use pulse_kit::{actor, service};
 
 use crate::articles::graphql::{Article, prefetch_articles};
 use crate::error::GqlResultExt;
-use crate::graphql::pagination::connection_complexity;
-use crate::graphql::{actor, services};
+use crate::feed::FeedService;
 
 pub struct FeedConnectionName;
 
@@ -46,7 +47,7 @@ impl FeedQuery {
         #[graphql(default = 20)] first: Option<i32>,
         after: Option<String>,
     ) -> async_graphql::Result<FeedConnection> {
-        let feed = &services(ctx).feed;
+        let feed = &service::<FeedService>(ctx);
         let (viewer, request) = feed.parse_page(actor(ctx), first, after.as_deref()).gql()?;
         let result = feed.page(viewer, &request).await.gql()?;
         let rows: Vec<_> = result.page.edges.iter().map(|(_, row)| row).collect();
@@ -87,8 +88,7 @@ impl FeedSubscription {
         ctx: &Context<'_>,
         after: Option<String>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<FeedEdge>> + use<>> {
-        let live = services(ctx)
-            .feed
+        let live = service::<FeedService>(ctx)
             .live(actor(ctx), after.as_deref())
             .await
             .gql()?;

@@ -4,12 +4,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt as _};
+use pulse_kit::actor::Actor;
 use singleflight_async::SingleFlight;
 use tokio::sync::{mpsc, oneshot};
 
 use super::FeedStore;
 use crate::accounts::TokenSigner;
-use crate::actor::Actor;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::FeedKeys;

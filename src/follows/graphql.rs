@@ -1,13 +1,15 @@
 use async_graphql::{Context, ID, Object};
+use pulse_kit::connection::{Connected, connection};
+use pulse_kit::ids;
+use pulse_kit::{actor, loaders, service};
 
 use super::loader::{FollowCountsLoader, ViewerFollowsLoader};
 use super::service::{FOLLOWERS, FOLLOWING, FollowOutcome};
+use crate::accounts::USER;
 use crate::accounts::graphql::{User, load_user};
 use crate::accounts::loader::UserLoader;
 use crate::error::{AppError, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{Connected, connection};
-use crate::graphql::{actor, loaders, services};
+use crate::follows::FollowService;
 use crate::pagination::{Page, PageRequest, Walk};
 
 pub type UserConnection = Connected<User>;
@@ -87,7 +89,7 @@ async fn user_list(
     after: Option<String>,
 ) -> async_graphql::Result<UserConnection> {
     let page = PageRequest::parse(walk, first, after.as_deref()).gql()?;
-    let page = services(ctx).follows.list(user, page).await.gql()?;
+    let page = service::<FollowService>(ctx).list(user, page).await.gql()?;
     let ids: Vec<i64> = page.edges.iter().map(|(_, id)| *id).collect();
     let mut users = loaders(ctx).get::<UserLoader>().load_many(ids).await?;
     // A user deleted since the page was read is left out, not shown as an error.
@@ -110,8 +112,11 @@ pub struct FollowsMutation;
 impl FollowsMutation {
     /// Follows a user. Idempotent; the user's recent articles join the viewer's feed shortly.
     async fn follow(&self, ctx: &Context<'_>, user_id: ID) -> async_graphql::Result<FollowPayload> {
-        let user = ids::decode(&user_id, NodeType::User, "userId").gql()?;
-        let outcome = services(ctx).follows.follow(actor(ctx), user).await.gql()?;
+        let user = ids::decode(&user_id, USER, "userId").gql()?;
+        let outcome = service::<FollowService>(ctx)
+            .follow(actor(ctx), user)
+            .await
+            .gql()?;
         Ok(FollowPayload { outcome, user })
     }
 
@@ -121,9 +126,8 @@ impl FollowsMutation {
         ctx: &Context<'_>,
         user_id: ID,
     ) -> async_graphql::Result<FollowPayload> {
-        let user = ids::decode(&user_id, NodeType::User, "userId").gql()?;
-        let outcome = services(ctx)
-            .follows
+        let user = ids::decode(&user_id, USER, "userId").gql()?;
+        let outcome = service::<FollowService>(ctx)
             .unfollow(actor(ctx), user)
             .await
             .gql()?;

@@ -2,18 +2,17 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use pulse_kit::context::{FromServices, Registry};
 
 use super::FollowService;
 use super::service::FollowCounts;
-use crate::graphql::loaders::FromServices;
-use crate::services::Services;
 
 /// Follower and following counts by user: a page of users costs one query.
 pub struct FollowCountsLoader(pub FollowService);
 
 impl FromServices for FollowCountsLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.follows.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<FollowService>().clone())
     }
 }
 
@@ -30,8 +29,8 @@ impl Loader<i64> for FollowCountsLoader {
 pub struct ViewerFollowsLoader(pub FollowService);
 
 impl FromServices for ViewerFollowsLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.follows.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<FollowService>().clone())
     }
 }
 

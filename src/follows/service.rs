@@ -1,13 +1,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use pulse_kit::actor::Actor;
 use sea_orm::sea_query::{Expr, ExprTrait as _, OnConflict};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, SqlErr, TransactionTrait,
 };
 
-use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::{follow_counts, follows};
 use crate::error::{AppError, AppResult, Unique, UniqueViolationExt as _};

@@ -1,38 +1,27 @@
 //! The `Node` interface and `node(id:)`, generated from the list of node types in
 //! [`crate::services`] by [`node_types!`], so a domain with a new type adds one line there.
 
-/// Declares the types a global id can name, one `Type => loader` per type, where `Type` is the
-/// object type in scope (its name is the one written in its ids) and `loader(ctx, row_id)` reads it
-/// (`Ok(None)` when nothing has the id). It defines `NodeType` (the name in an id), the `Node`
-/// interface over the types, and `NodeQuery`, the root part answering `node(id:)`.
+/// Declares the types a global id can name, one `Type(NODE_TYPE) => loader` per type, where `Type`
+/// is the object type in scope, `NODE_TYPE` the domain's [`pulse_kit::ids::NodeType`] for it (its
+/// name must be the type's GraphQL name, which [`node_types`]'s caller tests) and
+/// `loader(ctx, row_id)` reads it (`Ok(None)` when nothing has the id). It defines the `Node`
+/// interface over the types, `NodeQuery`, the root part answering `node(id:)`, and `node_types()`,
+/// each type a global id can name with the GraphQL type it names.
 macro_rules! node_types {
-    ($($name:ident => $load:path),+ $(,)?) => {
-        /// The types a global id can name: one variant per type in [`Node`], and its name in the id.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        pub enum NodeType {
-            $($name),+
-        }
-
-        impl NodeType {
-            pub fn name(self) -> &'static str {
-                match self {
-                    $(Self::$name => stringify!($name)),+
-                }
-            }
-
-            pub fn from_name(name: &str) -> Option<Self> {
-                match name {
-                    $(stringify!($name) => Some(Self::$name),)+
-                    _ => None,
-                }
-            }
-        }
-
+    ($($name:ident($node_type:path) => $load:path),+ $(,)?) => {
         /// Anything with a global id.
         #[derive(async_graphql::Interface)]
         #[graphql(field(name = "id", ty = "async_graphql::ID"))]
         pub enum Node {
             $($name($name)),+
+        }
+
+        /// Each type a global id can name, with the name of the GraphQL type it resolves to.
+        pub fn node_types() -> Vec<(pulse_kit::ids::NodeType, String)> {
+            vec![$((
+                $node_type,
+                <$name as async_graphql::OutputType>::type_name().into_owned(),
+            )),+]
         }
 
         #[derive(Default)]
@@ -48,9 +37,14 @@ macro_rules! node_types {
                 id: async_graphql::ID,
             ) -> async_graphql::Result<Option<Node>> {
                 use $crate::error::GqlResultExt as _;
-                Ok(match $crate::graphql::ids::decode_any(&id, "id").gql()? {
-                    $((NodeType::$name, id) => $load(ctx, id).await?.map(Node::$name),)+
-                })
+                let decoded = pulse_kit::ids::decode_among(&id, &[$($node_type),+], "id").gql()?;
+                let Some((node_type, id)) = decoded else {
+                    return Err($crate::error::AppError::bad_input("id", "malformed id")).gql();
+                };
+                $(if node_type == $node_type {
+                    return Ok($load(ctx, id).await?.map(Node::$name));
+                })+
+                Ok(None)
             }
         }
     };

@@ -2,12 +2,12 @@ use std::sync::Arc;
 
 use async_graphql::Schema;
 use pulse_edge::pipeline::{DocumentGuard, OperationMetrics, QueryLimitsCheck, RequestPipeline};
+use pulse_kit::{Actor, Loaders, Registry};
 
-use super::loaders::Loaders;
 use super::order::SchemaTypes;
 use super::validated::ValidationTally;
-use crate::actor::Actor;
-use crate::services::{Mutation, Query, Services, Subscription};
+use crate::documents::DocumentStore;
+use crate::services::{Mutation, Query, Subscription};
 
 pub type PulseSchema = Schema<Query, Mutation, Subscription>;
 
@@ -23,14 +23,14 @@ pub fn reads_viewer(field: &str) -> bool {
 
 /// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
 /// within it and cache nothing across requests.
-pub fn attach_request_data(services: &Arc<Services>, data: &mut async_graphql::Data, actor: Actor) {
+pub fn attach_request_data(services: &Arc<Registry>, data: &mut async_graphql::Data, actor: Actor) {
     data.insert(actor);
     data.insert(Loaders::new(services.clone()));
 }
 
 /// The data a group of live operations shared by many sockets runs with: a caller who is no one,
 /// from no address, so that a shared answer can only be what anyone may see.
-pub fn anonymous_request_data(services: &Arc<Services>) -> async_graphql::Data {
+pub fn anonymous_request_data(services: &Arc<Registry>) -> async_graphql::Data {
     let mut data = async_graphql::Data::default();
     let anonymous = Actor {
         user: None,
@@ -53,7 +53,7 @@ pub struct QueryLimits {
 /// [`RequestPipeline`]).
 pub fn build(
     limits: QueryLimits,
-    services: Arc<Services>,
+    services: Arc<Registry>,
     validations: Arc<ValidationTally>,
 ) -> PulseSchema {
     let types = SchemaTypes::from_sdl(&sdl()).expect("async-graphql prints SDL its parser reads");
@@ -73,7 +73,7 @@ pub fn build(
             max_complexity: limits.max_complexity,
         },
         metrics: OperationMetrics::default(),
-        documents: Arc::new(services.documents.clone()),
+        documents: Arc::new(services.get::<DocumentStore>().clone()),
         guard: DocumentGuard::new(limits.max_complexity, Arc::new(types), validations),
         websocket_url: crate::http::WEBSOCKET_PATH.to_owned(),
     });

@@ -13,10 +13,10 @@ use pulse_edge::http::{
     Admitted, Endpoint, Refusal, RequestHook, Settings, SocketAdmission, StreamAdmission,
 };
 use pulse_edge::websocket::CredentialsExpire;
+use pulse_kit::actor::Actor;
 
 use super::assets;
 use super::server::ConnectionSlot;
-use crate::actor::Actor;
 use crate::app::AppState;
 use crate::error::AppError;
 use crate::graphql::schema::attach_request_data;
@@ -108,7 +108,7 @@ impl RequestHook for Callers {
         if let Some((_, expires)) = verified {
             data.insert(CredentialsExpire(expires));
         }
-        attach_request_data(&self.0.services, &mut data, caller);
+        attach_request_data(&self.0.registry, &mut data, caller);
         Ok(Admitted { data, private })
     }
 
@@ -152,7 +152,7 @@ impl RequestHook for Callers {
                 data.insert(CredentialsExpire(expires));
             }
             let caller = actor(&state, peer, &headers, verified.map(|(user, _)| user));
-            attach_request_data(&state.services, &mut data, caller);
+            attach_request_data(&state.registry, &mut data, caller);
             Ok(data)
         });
         // The place is taken now, so that upgrades racing each other cannot pass the cap together,

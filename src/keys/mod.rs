@@ -11,7 +11,6 @@ mod documents;
 mod feed;
 mod likes;
 mod views;
-mod votes;
 
 pub use crate::redis::keys::{JobShardKeys, Keys};
 pub use accounts::AccountKeys;
@@ -19,5 +18,5 @@ pub use articles::ArticleKeys;
 pub use documents::DocumentKeys;
 pub use feed::{FEED_SHARDS, FeedKeys, FeedUserKeys, by_feed_shard, feed_shard};
 pub use likes::{LIKE_SHARDS, LikeKeys, LikeShardKeys, like_shard_of};
+pub use pulse_votes::keys::{PollKeys, VOTE_SHARDS, VoteKeys, vote_shard_of};
 pub use views::{VIEW_SHARDS, ViewKeys, ViewShardKeys, view_shard_of};
-pub use votes::{PollKeys, VOTE_SHARDS, VoteKeys, vote_shard_of};

@@ -1,7 +1,8 @@
 //! Views: each view shard's dedup markers, pending deltas, flush state and rankings.
 
+use pulse_kit::actor::Identity;
+
 use super::Keys;
-use crate::actor::Identity;
 
 /// View counting spreads articles over this many shards. Every key of one shard shares the hash tag
 /// `{v:N}`, so the one script that counts a view (dedup key, pending delta, rankings) is single-slot

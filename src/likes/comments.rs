@@ -1,6 +1,7 @@
 //! Comments on articles: added by signed-in users, deleted by their author or an admin, listed
 //! newest first. A comment and its article's `comment_count` change in one transaction.
 
+use pulse_kit::actor::Actor;
 use sea_orm::sea_query::{Expr, ExprTrait as _};
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
@@ -9,7 +10,6 @@ use sea_orm::{
 
 use super::Subject;
 use crate::accounts::AccountService;
-use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::{articles, comments, likes};
 use crate::error::{AppError, AppResult};

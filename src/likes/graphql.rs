@@ -1,17 +1,22 @@
 use async_graphql::{Context, ID, Lookahead, Object};
 use chrono::{DateTime, Utc};
+use pulse_kit::connection::{Connected, connection};
+use pulse_kit::ids;
+use pulse_kit::{actor, loaders, service};
 
 use super::Subject;
 use super::comments::ARTICLE_COMMENTS;
 use super::featured::MAX_FEATURED;
 use super::loader::{CommentLoader, LikeCountLoader, ViewerLikedLoader};
 use crate::accounts::graphql::{User, load_user, prefetch_authors};
+use crate::articles::ARTICLE;
 use crate::articles::graphql::{Article, load_article};
 use crate::entities::comments;
 use crate::error::{AppError, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::{Connected, connection};
-use crate::graphql::{actor, loaders, services};
+use crate::likes::COMMENT;
+use crate::likes::CommentService;
+use crate::likes::LikeService;
+use crate::likes::featured::FeaturedCommentService;
 use crate::pagination::{PageRequest, PageSize};
 
 pub struct Comment(pub comments::Model);
@@ -21,7 +26,7 @@ pub type CommentConnection = Connected<Comment>;
 #[Object]
 impl Comment {
     pub async fn id(&self) -> ID {
-        ids::encode(NodeType::Comment, self.0.id)
+        ids::encode(COMMENT, self.0.id)
     }
 
     async fn body(&self) -> &str {
@@ -93,7 +98,7 @@ pub async fn viewer_has_liked(ctx: &Context<'_>, subject: Subject) -> async_grap
 }
 
 /// Loads in one batch per kind what the selected like fields of `subjects` need (`node` is the
-/// selection of one subject). See [`crate::graphql::loaders`].
+/// selection of one subject). See [`pulse_kit::context`].
 pub async fn prefetch(
     ctx: &Context<'_>,
     node: &Lookahead<'_>,
@@ -143,7 +148,10 @@ pub async fn article_comments(
     after: Option<String>,
 ) -> async_graphql::Result<CommentConnection> {
     let page = PageRequest::parse(ARTICLE_COMMENTS, first, after.as_deref()).gql()?;
-    let comments = services(ctx).comments.list(article, page).await.gql()?;
+    let comments = service::<CommentService>(ctx)
+        .list(article, page)
+        .await
+        .gql()?;
     let rows: Vec<&comments::Model> = comments.edges.iter().map(|(_, row)| row).collect();
     prefetch_comments(ctx, ctx.look_ahead().field("edges").field("node"), &rows).await?;
     Ok(connection(comments, Comment))
@@ -158,7 +166,10 @@ pub async fn featured_comments(
     let first = PageSize::parse(first.unwrap_or(3), MAX_FEATURED as i32)
         .gql()?
         .get();
-    let ids = services(ctx).featured.get(article, first).await.gql()?;
+    let ids = service::<FeaturedCommentService>(ctx)
+        .get(article, first)
+        .await
+        .gql()?;
     let mut found = loaders(ctx)
         .get::<CommentLoader>()
         .load_many(ids.iter().copied())
@@ -196,16 +207,16 @@ impl LikePayload {
 
 fn subject_id(subject: Subject) -> ID {
     match subject {
-        Subject::Article(id) => ids::encode(NodeType::Article, id),
-        Subject::Comment(id) => ids::encode(NodeType::Comment, id),
+        Subject::Article(id) => ids::encode(ARTICLE, id),
+        Subject::Comment(id) => ids::encode(COMMENT, id),
     }
 }
 
 fn decode_subject(id: &ID) -> Result<Subject, AppError> {
-    match ids::decode_any(id, "subjectId")? {
-        (NodeType::Article, id) => Ok(Subject::Article(id)),
-        (NodeType::Comment, id) => Ok(Subject::Comment(id)),
-        _ => Err(AppError::bad_input(
+    match ids::decode_among(id, &[ARTICLE, COMMENT], "subjectId")? {
+        Some((ARTICLE, id)) => Ok(Subject::Article(id)),
+        Some((_, id)) => Ok(Subject::Comment(id)),
+        None => Err(AppError::bad_input(
             "subjectId",
             "not an Article or Comment id",
         )),
@@ -238,9 +249,8 @@ impl LikesMutation {
         article_id: ID,
         body: String,
     ) -> async_graphql::Result<Comment> {
-        let article = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
-        let comment = services(ctx)
-            .comments
+        let article = ids::decode(&article_id, ARTICLE, "articleId").gql()?;
+        let comment = service::<CommentService>(ctx)
             .add(actor(ctx), article, &body)
             .await
             .gql()?;
@@ -249,8 +259,11 @@ impl LikesMutation {
 
     /// Deletes a comment: its author or an admin only. True once it is gone.
     async fn delete_comment(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<bool> {
-        let id = ids::decode(&id, NodeType::Comment, "id").gql()?;
-        services(ctx).comments.delete(actor(ctx), id).await.gql()?;
+        let id = ids::decode(&id, COMMENT, "id").gql()?;
+        service::<CommentService>(ctx)
+            .delete(actor(ctx), id)
+            .await
+            .gql()?;
         Ok(true)
     }
 }
@@ -261,8 +274,7 @@ async fn set_like(
     like: bool,
 ) -> async_graphql::Result<LikePayload> {
     let subject = decode_subject(subject_id).gql()?;
-    let outcome = services(ctx)
-        .likes
+    let outcome = service::<LikeService>(ctx)
         .set(actor(ctx), subject, like)
         .await
         .gql()?;

@@ -2,20 +2,19 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use pulse_kit::context::{FromServices, Registry};
 
 use super::service::{LikeService, LiveLikes};
 use super::{CommentService, Subject};
 use crate::entities::comments;
-use crate::graphql::loaders::FromServices;
-use crate::services::Services;
 
 /// Live like counts by subject: a page of articles or comments costs one pipelined Redis round
 /// trip.
 pub struct LikeCountLoader(pub LikeService);
 
 impl FromServices for LikeCountLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.likes.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<LikeService>().clone())
     }
 }
 
@@ -33,8 +32,8 @@ impl Loader<Subject> for LikeCountLoader {
 pub struct ViewerLikedLoader(pub LikeService);
 
 impl FromServices for ViewerLikedLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.likes.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<LikeService>().clone())
     }
 }
 
@@ -71,8 +70,8 @@ impl Loader<(i64, Subject)> for ViewerLikedLoader {
 pub struct CommentLoader(pub CommentService);
 
 impl FromServices for CommentLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.comments.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<CommentService>().clone())
     }
 }
 

@@ -33,6 +33,9 @@ pub use archive::LikeArchiver;
 pub use comments::CommentService;
 pub use service::LikeService;
 
+/// A comment's global id names this type.
+pub const COMMENT: pulse_kit::ids::NodeType = pulse_kit::ids::NodeType::named("Comment");
+
 /// What can be liked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Subject {

@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono_tz::Tz;
+use pulse_kit::actor::Actor;
 use sea_orm::{ColumnTrait, Condition, DatabaseConnection, EntityTrait, QueryFilter, QuerySelect};
 use singleflight_async::SingleFlight;
 
 use super::{Subject, counts};
-use crate::actor::Actor;
 use crate::db::retry_once;
 use crate::entities::likes;
 use crate::error::{AppError, AppResult, SharedResult};

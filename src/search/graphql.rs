@@ -1,16 +1,18 @@
 use async_graphql::connection::PageInfo;
 use async_graphql::{Context, Enum, ID, Object, SimpleObject};
 use chrono::{DateTime, Utc};
+use pulse_kit::connection::connection_complexity;
+use pulse_kit::ids;
+use pulse_kit::service;
 
 use super::index::Sort;
 use super::query::SearchQuery;
 use super::service::{SearchRequest, walk};
+use crate::accounts::USER;
 use crate::articles::graphql::{Article, load_articles, prefetch_articles};
 use crate::error::{AppError, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::pagination::connection_complexity;
-use crate::graphql::services;
 use crate::pagination::PageRequest;
+use crate::search::SearchService;
 
 #[derive(Enum, Clone, Copy, PartialEq, Eq)]
 pub enum ArticleSearchSort {
@@ -79,7 +81,7 @@ impl SearchQueryRoot {
     ) -> async_graphql::Result<ArticleSearchConnection> {
         let query = SearchQuery::parse(&query).gql()?;
         let author = author_id
-            .map(|id| ids::decode(&id, NodeType::User, "authorId"))
+            .map(|id| ids::decode(&id, USER, "authorId"))
             .transpose()
             .gql()?;
         if let (Some(since), Some(until)) = (since, until)
@@ -89,8 +91,7 @@ impl SearchQueryRoot {
         }
         let sort = Sort::from(sort.unwrap_or(ArticleSearchSort::Relevance));
         let page = PageRequest::parse(walk(sort), first, after.as_deref()).gql()?;
-        let hits = services(ctx)
-            .search
+        let hits = service::<SearchService>(ctx)
             .search(SearchRequest {
                 query,
                 sort,

@@ -1,13 +1,16 @@
 use async_graphql::{Context, Enum, ID, Object, SimpleObject};
+use pulse_kit::ids;
+use pulse_kit::{actor, loaders, service};
 
 use super::loader::ViewCountLoader;
 use super::service::{RankingWindow, SkipReason};
+use crate::articles::ARTICLE;
 use crate::articles::graphql::{Article, load_article, load_articles, prefetch_articles};
 use crate::entities::articles;
 use crate::error::{AppError, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::{actor, loaders, services};
+use crate::likes::LikeService;
 use crate::pagination::PageSize;
+use crate::views::ViewService;
 
 /// Most entries a ranking returns.
 const MAX_RANKING_SIZE: i32 = 100;
@@ -109,7 +112,7 @@ pub async fn view_count(
     Ok(live.total(article.view_count))
 }
 
-/// Loads the live view counts of `articles` in one batch; see [`crate::graphql::loaders`].
+/// Loads the live view counts of `articles` in one batch; see [`pulse_kit::context`].
 pub async fn prefetch_view_counts(
     ctx: &Context<'_>,
     articles: impl IntoIterator<Item = i64>,
@@ -138,10 +141,9 @@ impl ViewsQuery {
         let first = PageSize::parse(first.unwrap_or(DEFAULT_RANKING_SIZE), MAX_RANKING_SIZE)
             .gql()?
             .get();
-        let services = services(ctx);
         let ranked = match by {
-            ArticleMetric::Views => services.views.top(window.into(), first).await,
-            ArticleMetric::Likes => services.likes.top(window.into(), first).await,
+            ArticleMetric::Views => service::<ViewService>(ctx).top(window.into(), first).await,
+            ArticleMetric::Likes => service::<LikeService>(ctx).top(window.into(), first).await,
         }
         .gql()?;
         let mut found = load_articles(ctx, ranked.iter().map(|(article, _)| *article)).await?;
@@ -173,9 +175,8 @@ impl ViewsMutation {
         ctx: &Context<'_>,
         article_id: ID,
     ) -> async_graphql::Result<RecordViewPayload> {
-        let article_id = ids::decode(&article_id, NodeType::Article, "articleId").gql()?;
-        let outcome = services(ctx)
-            .views
+        let article_id = ids::decode(&article_id, ARTICLE, "articleId").gql()?;
+        let outcome = service::<ViewService>(ctx)
             .record(article_id, actor(ctx))
             .await
             .gql()?;

@@ -2,17 +2,16 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use pulse_kit::context::{FromServices, Registry};
 
 use super::service::{LiveViews, ViewService};
-use crate::graphql::loaders::FromServices;
-use crate::services::Services;
 
 /// Live view counts by article: a page of articles costs one pipelined Redis round trip.
 pub struct ViewCountLoader(pub ViewService);
 
 impl FromServices for ViewCountLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.views.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<ViewService>().clone())
     }
 }
 

@@ -3,12 +3,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono_tz::Tz;
+use pulse_kit::actor::{Actor, Identity};
 use sea_orm::{DatabaseConnection, EntityTrait, QuerySelect};
 use singleflight_async::SingleFlight;
 
 use super::buckets;
 use super::crawler::CrawlerDetector;
-use crate::actor::{Actor, Identity};
 use crate::db::retry_once;
 use crate::entities::articles;
 use crate::error::{AppError, AppResult, SharedResult};

@@ -166,12 +166,8 @@ async fn the_admin_role_is_read_fresh_from_sql() {
     let app = TestApp::spawn().await;
     let (_, user_id) = app.sign_up("grace").await;
     let accounts = &app.state.services.accounts;
-    let id = pulse::graphql::ids::decode(
-        &user_id.clone().into(),
-        pulse::graphql::ids::NodeType::User,
-        "id",
-    )
-    .unwrap();
+    let id =
+        pulse::graphql::ids::decode(&user_id.clone().into(), pulse::accounts::USER, "id").unwrap();
 
     assert_eq!(
         accounts.require_admin(id).await.unwrap_err().code(),

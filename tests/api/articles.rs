@@ -1,7 +1,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use pulse::graphql::ids::{self, NodeType};
+use pulse::graphql::ids;
 use sea_orm::{ConnectionTrait, Statement};
 use serde_json::{Value, json};
 
@@ -65,7 +65,7 @@ async fn unknown_and_malformed_ids_are_told_apart() {
     let unknown = app
         .graphql(
             query,
-            json!({ "id": ids::encode(NodeType::Article, 999_999).0 }),
+            json!({ "id": ids::encode(pulse::articles::ARTICLE, 999_999).0 }),
         )
         .await;
     assert!(
@@ -135,7 +135,7 @@ async fn editing_someone_elses_article_is_forbidden_and_changes_nothing() {
         .graphql_as(
             Some(&author),
             EDIT,
-            json!({ "id": ids::encode(NodeType::Article, 424_242).0, "title": "x" }),
+            json!({ "id": ids::encode(pulse::articles::ARTICLE, 424_242).0, "title": "x" }),
         )
         .await;
     assert_eq!(error_code(&missing), "NOT_FOUND");

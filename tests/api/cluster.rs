@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pulse::keys::VIEW_SHARDS;
+use pulse::keys::{ArticleKeys, ViewKeys};
 
 use crate::helpers::{TestApp, article_row, eventually, two_votes_lead, unique_suffix};
 use crate::likes_reads::{next_stats, watch_stats};
 use crate::views::{BROWSER, distinct_ip, flusher, record, sql_view_count, view_count};
-use pulse::keys::{ArticleKeys, ViewKeys};
 
 /// Acknowledged views this long before the kill may not have reached the replica yet.
 const REPLICATION_AT_RISK: Duration = Duration::from_secs(1);
@@ -398,7 +398,6 @@ async fn shard_subscribers(port: u16, channel: &str) -> i64 {
 async fn a_leaderboard_is_heard_at_its_slots_master_only_and_again_after_that_master_fails_over() {
     use crate::votes::{admin, create_poll, row};
     use crate::votes_live::{dashboard, snapshot, vote};
-    use pulse::graphql::ids::NodeType;
     use pulse::keys::VoteKeys;
 
     let cluster = LocalCluster::start().await;
@@ -413,10 +412,10 @@ async fn a_leaderboard_is_heard_at_its_slots_master_only_and_again_after_that_ma
     .await;
     let (mut socket, _) = dashboard(&app, &poll, 2).await;
     let (poll, options): (i64, Vec<i64>) = (
-        row(&poll, NodeType::Poll),
+        row(&poll, pulse::votes::POLL),
         options
             .iter()
-            .map(|o| row(o, NodeType::PollOption))
+            .map(|o| row(o, pulse::votes::POLL_OPTION))
             .collect(),
     );
     let channel = app.state.redis.keys.poll(poll).votes_channel();

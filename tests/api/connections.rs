@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt as _;
+use pulse::keys::ArticleKeys;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-use futures_util::StreamExt as _;
 use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest as _};
 
 use crate::helpers::{TestApp, eventually, series};
@@ -15,7 +15,6 @@ use crate::subscriptions::{
     SUBSCRIPTION, Socket, close_frame, connect, next_message, open_socket, send, subscribed,
     wait_until_listening,
 };
-use pulse::keys::ArticleKeys;
 
 const SHORT: Duration = Duration::from_millis(300);
 
@@ -597,7 +596,6 @@ const SEND_BUDGET: usize = 32 * 1024;
 async fn a_subscriber_that_stops_reading_holds_one_snapshot_within_its_budget_and_then_gets_the_latest()
  {
     use crate::votes::{admin, create_poll, row, voter};
-    use pulse::graphql::ids::NodeType;
     use pulse::votes::service::{Ballot, Origin};
 
     let app = TestApp::spawn_with(|config| {
@@ -623,7 +621,7 @@ async fn a_subscriber_that_stops_reading_holds_one_snapshot_within_its_budget_an
     .await;
     let first = next_message(&mut socket).await.expect("the first snapshot");
     assert_eq!(first["type"], "next", "{first}");
-    crate::votes_live::listening(&app, row(&poll, NodeType::Poll)).await;
+    crate::votes_live::listening(&app, row(&poll, pulse::votes::POLL)).await;
 
     // The client reads nothing more while votes move the board, each tick a new snapshot, until
     // the server's queue has had to replace one.
@@ -633,8 +631,8 @@ async fn a_subscriber_that_stops_reading_holds_one_snapshot_within_its_budget_an
     let mut peak_queued: f64 = 0.0;
     loop {
         let ballot = Ballot {
-            poll: row(&poll, NodeType::Poll),
-            option: row(&options[votes % options.len()], NodeType::PollOption),
+            poll: row(&poll, pulse::votes::POLL),
+            option: row(&options[votes % options.len()], pulse::votes::POLL_OPTION),
         };
         app.state
             .services

@@ -4,13 +4,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use pulse::config::Config;
-use pulse::graphql::ids::{self, NodeType};
+use pulse::graphql::ids;
+use pulse::keys::ViewKeys;
 use pulse::views::ViewFlusher;
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
 use serde_json::{Value, json};
 
 use crate::helpers::{PASSWORD, TestApp, eventually, pulse_command, test_config};
-use pulse::keys::ViewKeys;
 
 const VIEWS: usize = 50;
 
@@ -233,7 +233,7 @@ async fn a_process_killed_between_taking_and_committing_views_loses_and_doubles_
     lock.wait_for_a_waiter().await;
     server.kill().await.unwrap();
     lock.release().await;
-    let row = ids::decode(&article.clone().into(), NodeType::Article, "id").unwrap();
+    let row = ids::decode(&article.clone().into(), pulse::articles::ARTICLE, "id").unwrap();
     let db = Database::connect(config.database_url()).await.unwrap();
     let before_restart = db
         .query_one_raw(sea_orm::Statement::from_string(

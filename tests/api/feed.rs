@@ -5,12 +5,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use pulse::entities::{follow_counts, follows, users};
-use pulse::graphql::ids::{self, NodeType};
+use pulse::graphql::ids;
+use pulse::keys::FeedKeys;
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QuerySelect};
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, article_row, error_code, eventually};
-use pulse::keys::FeedKeys;
 
 /// Creates `n` users straight in SQL (no password hashing: they get tokens from the signer).
 pub(crate) async fn users(app: &TestApp, prefix: &str, n: usize) -> Vec<i64> {
@@ -47,7 +47,7 @@ pub(crate) fn token(app: &TestApp, user: i64) -> String {
 }
 
 pub(crate) fn user_id(user: i64) -> String {
-    ids::encode(NodeType::User, user).to_string()
+    ids::encode(pulse::accounts::USER, user).to_string()
 }
 
 /// Makes every one of `followers` follow `followee` straight in SQL, with the counts.
@@ -147,11 +147,11 @@ pub(crate) async fn feed_page(
     FeedPage {
         ids: edges
             .iter()
-            .map(|edge| decode(&edge["node"]["id"], NodeType::Article))
+            .map(|edge| decode(&edge["node"]["id"], pulse::articles::ARTICLE))
             .collect(),
         authors: edges
             .iter()
-            .map(|edge| decode(&edge["node"]["author"]["id"], NodeType::User))
+            .map(|edge| decode(&edge["node"]["author"]["id"], pulse::accounts::USER))
             .collect(),
         end_cursor: feed["pageInfo"]["endCursor"].as_str().map(str::to_owned),
         has_next_page: feed["pageInfo"]["hasNextPage"].as_bool().unwrap(),

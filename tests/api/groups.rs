@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use futures_util::future::join_all;
-use pulse::graphql::ids::{self, NodeType};
+use pulse::graphql::ids;
 use pulse::http::groups::Groups;
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
@@ -118,7 +118,7 @@ impl Poll {
     }
 
     fn row(&self) -> i64 {
-        crate::votes::row(&self.id, NodeType::Poll)
+        crate::votes::row(&self.id, pulse::votes::POLL)
     }
 }
 
@@ -300,7 +300,7 @@ async fn a_late_joiner_gets_the_last_snapshot_at_once_and_a_stopped_id_is_free_o
 #[tokio::test]
 async fn a_groups_stream_that_ends_completes_it_for_every_member() {
     let app = TestApp::spawn().await;
-    let missing = ids::encode(NodeType::Poll, 987_654).0;
+    let missing = ids::encode(pulse::votes::POLL, 987_654).0;
     let variables = json!({ "p": missing, "first": 10 });
     for protocol in ["graphql-transport-ws", "graphql-ws"] {
         let mut sockets =

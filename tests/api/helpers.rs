@@ -407,12 +407,7 @@ impl TestApp {
 
 /// The row id behind an article's global id.
 pub fn article_row(global: &str) -> i64 {
-    pulse::graphql::ids::decode(
-        &global.to_owned().into(),
-        pulse::graphql::ids::NodeType::Article,
-        "id",
-    )
-    .unwrap()
+    pulse::graphql::ids::decode(&global.to_owned().into(), pulse::articles::ARTICLE, "id").unwrap()
 }
 
 /// An article as SQL holds it, by global id.

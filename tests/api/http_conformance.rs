@@ -140,7 +140,7 @@ async fn a_required_variable_left_out_or_null_is_named_and_nothing_runs() {
     let query = "query Read($id: ID!, $at: String!, $first: Int = 3, $maybe: String) {
       article(id: $id) { comments(first: $first, after: $at) { edges { cursor } } }
       viewer { articles(after: $maybe) { edges { cursor } } } }";
-    let id = pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::Article, 1);
+    let id = pulse::graphql::ids::encode(pulse::articles::ARTICLE, 1);
     for (variables, message, column) in [
         (
             json!({ "at": "x" }),

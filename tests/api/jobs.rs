@@ -82,7 +82,7 @@ impl Fixture {
         Redis::connect(
             &redis_url(),
             &self.redis_prefix,
-            &pulse::scripts::SCRIPTS.all(),
+            &pulse::services::scripts(),
         )
         .await
         .unwrap()

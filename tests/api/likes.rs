@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use pulse::jobs::{self, JobRuntime, JobSettings};
+use pulse::keys::LikeKeys;
 use pulse::likes::{LikeArchiver, Subject, archive};
 use redis::AsyncCommands as _;
 use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, QueryFilter, QueryOrder};
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, article_row, error_code, eventually, test_config};
-use pulse::keys::LikeKeys;
 
 pub const LIKE: &str = "mutation($s: ID!) { like(subjectId: $s) { liked likeCount subjectId } }";
 pub const UNLIKE: &str =
@@ -344,10 +344,8 @@ async fn a_count_missing_from_redis_is_read_from_sql_once_by_two_hundred_concurr
 async fn liking_an_unknown_subject_is_not_found_and_changes_nothing() {
     let app = TestApp::spawn().await;
     let (_, token) = users(&app, 1).await.remove(0);
-    let missing_article =
-        pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::Article, 987_654);
-    let missing_comment =
-        pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::Comment, 987_654);
+    let missing_article = pulse::graphql::ids::encode(pulse::articles::ARTICLE, 987_654);
+    let missing_comment = pulse::graphql::ids::encode(pulse::likes::COMMENT, 987_654);
 
     for subject in [&missing_article, &missing_comment] {
         for like in [true, false] {
@@ -378,7 +376,7 @@ async fn anonymous_likes_are_unauthenticated_and_other_ids_are_bad_input() {
         let response = set_like(&app, None, &article, like).await;
         assert_eq!(error_code(&response), "UNAUTHENTICATED", "{response}");
     }
-    let user_id = pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::User, user);
+    let user_id = pulse::graphql::ids::encode(pulse::accounts::USER, user);
     let response = set_like(&app, Some(&token), &user_id, true).await;
     assert_eq!(error_code(&response), "BAD_USER_INPUT");
     assert_eq!(response["errors"][0]["extensions"]["field"], "subjectId");
@@ -438,12 +436,7 @@ async fn an_article_and_a_comment_are_liked_apart_and_read_in_one_page() {
     );
     drain(&app).await;
     let stored = pulse::entities::comments::Entity::find_by_id(
-        pulse::graphql::ids::decode(
-            &comment.clone().into(),
-            pulse::graphql::ids::NodeType::Comment,
-            "id",
-        )
-        .unwrap(),
+        pulse::graphql::ids::decode(&comment.clone().into(), pulse::likes::COMMENT, "id").unwrap(),
     )
     .one(&app.state.db)
     .await

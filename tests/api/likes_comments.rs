@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use pulse::graphql::ids::{self, NodeType};
+use pulse::graphql::ids;
 use sea_orm::{ColumnTrait as _, EntityTrait as _, QueryFilter as _};
 use serde_json::{Value, json};
 
@@ -84,7 +84,7 @@ async fn comments_are_listed_newest_first_on_keyset_pages_and_counted() {
 async fn bad_comments_are_refused_and_change_nothing() {
     let app = TestApp::spawn().await;
     let (author, article) = article(&app).await;
-    let missing = ids::encode(NodeType::Article, 987_654);
+    let missing = ids::encode(pulse::articles::ARTICLE, 987_654);
     let add = "mutation($a: ID!, $b: String!) { addComment(articleId: $a, body: $b) { id } }";
 
     for (article_id, body, code) in [
@@ -241,7 +241,7 @@ async fn featured_comments_are_refreshed_once_per_interval_and_never_half_writte
         .filter(
             pulse::entities::comments::Column::Id.eq(ids::decode(
                 &comments[5].clone().into(),
-                NodeType::Comment,
+                pulse::likes::COMMENT,
                 "id",
             )
             .unwrap()),
@@ -357,7 +357,7 @@ async fn featured_comments_are_bounded_and_a_deleted_one_drops_out() {
             .unwrap()
             .to_owned()
             .into(),
-        NodeType::User,
+        pulse::accounts::USER,
         "id",
     )
     .unwrap();

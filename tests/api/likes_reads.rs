@@ -412,7 +412,7 @@ async fn many_changes_and_subscribers_cost_one_read_per_tick_and_nothing_when_no
 #[tokio::test]
 async fn watching_an_unknown_article_is_not_found() {
     let app = TestApp::spawn().await;
-    let missing = pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::Article, 987_654);
+    let missing = pulse::graphql::ids::encode(pulse::articles::ARTICLE, 987_654);
     let mut socket = watch_stats(&app, &missing).await;
     let message = next_message(&mut socket).await.unwrap();
     assert_eq!(message["type"], "next", "{message}");

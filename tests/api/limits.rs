@@ -80,7 +80,7 @@ async fn a_page_over_the_limit_names_the_size_asked_for() {
         "first is 500; it must be between 0 and 100"
     );
     // Every list words it alike, with its own largest page.
-    let poll = pulse::graphql::ids::encode(pulse::graphql::ids::NodeType::Poll, 1).0;
+    let poll = pulse::graphql::ids::encode(pulse::votes::POLL, 1).0;
     let (token, _) = app.sign_up("pager").await;
     let article = app.publish(&token, "paged").await;
     for (query, message) in [

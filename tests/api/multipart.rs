@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use pulse::graphql::ids::NodeType;
 use serde_json::{Value, json};
 
 use crate::feed::{bulk_follow, feed_page, publish, token, users};
@@ -127,9 +126,9 @@ async fn leaderboard_snapshots_and_feed_items_arrive_as_payload_parts() {
         first["data"]["leaderboardChanged"]["entries"][0]["score"],
         0.0
     );
-    listening(&app, row(&poll_id, NodeType::Poll)).await;
-    let option = row(&options[0], NodeType::PollOption);
-    vote(&app, row(&poll_id, NodeType::Poll), option).await;
+    listening(&app, row(&poll_id, pulse::votes::POLL)).await;
+    let option = row(&options[0], pulse::votes::POLL_OPTION);
+    vote(&app, row(&poll_id, pulse::votes::POLL), option).await;
     loop {
         let snapshot = board.payload().await;
         if snapshot["data"]["leaderboardChanged"]["entries"][0]["score"] == 1.0 {

@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use pulse::graphql::ids::NodeType;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -205,10 +204,10 @@ async fn second_option_leads(
     options: &[String],
     mut next: impl AsyncFnMut() -> Value,
 ) {
-    listening(app, row(poll, NodeType::Poll)).await;
-    let option = row(&options[1], NodeType::PollOption);
-    vote(app, row(poll, NodeType::Poll), option).await;
-    vote(app, row(poll, NodeType::Poll), option).await;
+    listening(app, row(poll, pulse::votes::POLL)).await;
+    let option = row(&options[1], pulse::votes::POLL_OPTION);
+    vote(app, row(poll, pulse::votes::POLL), option).await;
+    vote(app, row(poll, pulse::votes::POLL), option).await;
     loop {
         let snapshot = next().await;
         let top = &snapshot["data"]["leaderboardChanged"]["entries"][0];
@@ -448,8 +447,8 @@ async fn one_stream_carries_the_leaderboard_and_the_feed_as_operations_by_id() {
     assert_eq!(stopped.status(), 200);
     vote(
         &app,
-        row(&poll_id, NodeType::Poll),
-        row(&options[0], NodeType::PollOption),
+        row(&poll_id, pulse::votes::POLL),
+        row(&options[0], pulse::votes::POLL_OPTION),
     )
     .await;
     let later = publish(&app, &token(&app, author), "after the stop").await;
@@ -722,7 +721,7 @@ async fn a_reader_that_stops_reading_a_board_has_its_unsent_snapshot_replaced_an
     let response = distinct(&app, "/graphql/stream", None, board, json!({ "p": poll })).await;
     let mut events = Events::new(response);
     let first = events.next_result().await;
-    listening(&app, row(&poll, NodeType::Poll)).await;
+    listening(&app, row(&poll, pulse::votes::POLL)).await;
 
     // The client reads nothing while votes move the board, each tick a new snapshot, until the
     // server's queue has had to replace some.
@@ -737,8 +736,8 @@ async fn a_reader_that_stops_reading_a_board_has_its_unsent_snapshot_replaced_an
     let mut votes = 0usize;
     loop {
         let ballot = Ballot {
-            poll: row(&poll, NodeType::Poll),
-            option: row(&options[votes % options.len()], NodeType::PollOption),
+            poll: row(&poll, pulse::votes::POLL),
+            option: row(&options[votes % options.len()], pulse::votes::POLL_OPTION),
         };
         app.state
             .services

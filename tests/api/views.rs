@@ -1,12 +1,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pulse::graphql::ids::{self, NodeType};
+use pulse::graphql::ids;
+use pulse::keys::ViewKeys;
 use pulse::views::ViewFlusher;
 use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, error_code, eventually, stored_article};
-use pulse::keys::ViewKeys;
 
 const RECORD: &str = "mutation($a: ID!) { recordView(articleId: $a) { counted skipReason viewCount article { id } } }";
 pub(crate) const BROWSER: &str = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36";
@@ -253,7 +253,7 @@ async fn extra_crawler_patterns_come_from_the_config_file() {
 #[tokio::test]
 async fn unknown_articles_are_not_found_and_count_nothing() {
     let app = app_behind_proxy().await;
-    let missing = ids::encode(NodeType::Article, 987_654).0;
+    let missing = ids::encode(pulse::articles::ARTICLE, 987_654).0;
     let response = record(&app, &missing, "198.51.100.9", BROWSER).await;
     assert_eq!(error_code(&response), "NOT_FOUND");
 
@@ -315,7 +315,7 @@ async fn replaying_a_committed_batch_changes_nothing() {
     let app = app_behind_proxy().await;
     let article = publish_one(&app).await;
     concurrent_views(&app, &article, 25, distinct_ip).await;
-    let row = ids::decode(&article.clone().into(), NodeType::Article, "id").unwrap();
+    let row = ids::decode(&article.clone().into(), pulse::articles::ARTICLE, "id").unwrap();
     let shard = app.state.redis.keys.view_shard(row);
     let mut conn = app.state.redis.conn.clone();
 

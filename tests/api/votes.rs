@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use pulse::actor::Actor;
-use pulse::graphql::ids::{self, NodeType};
+use pulse::graphql::ids;
 use pulse::votes::service::{Ballot, BallotOutcome, Origin};
 use sea_orm::{ActiveValue::Set, EntityTrait};
 use serde_json::{Value, json};
@@ -61,7 +61,7 @@ pub async fn create_poll(app: &TestApp, token: &str, input: Value) -> (String, V
     (id, options)
 }
 
-pub fn row(global: &str, node: NodeType) -> i64 {
+pub fn row(global: &str, node: ids::NodeType) -> i64 {
     ids::decode(&global.to_owned().into(), node, "id").unwrap()
 }
 
@@ -84,8 +84,8 @@ pub async fn cast_at(
     let ballots: Vec<Ballot> = ballots
         .iter()
         .map(|(poll, option)| Ballot {
-            poll: row(poll, NodeType::Poll),
-            option: row(option, NodeType::PollOption),
+            poll: row(poll, pulse::votes::POLL),
+            option: row(option, pulse::votes::POLL_OPTION),
         })
         .collect();
     app.state

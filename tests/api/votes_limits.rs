@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::Utc;
-use pulse::graphql::ids::NodeType;
 use pulse::votes::service::{Ballot, Origin, Rejection};
 use serde_json::json;
 
@@ -31,9 +30,9 @@ async fn five_hundred_concurrent_voters_get_exactly_the_per_option_and_per_voter
     )
     .await;
     let (poll_row, crowded, quiet) = (
-        row(&poll, NodeType::Poll),
-        row(&options[0], NodeType::PollOption),
-        row(&options[1], NodeType::PollOption),
+        row(&poll, pulse::votes::POLL),
+        row(&options[0], pulse::votes::POLL_OPTION),
+        row(&options[1], pulse::votes::POLL_OPTION),
     );
     let voters = users(&app, 500).await;
     // One instant for every ballot, at the start of the next minute: the test never straddles a

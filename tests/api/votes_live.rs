@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::future::join_all;
-use pulse::graphql::ids::NodeType;
+use pulse::keys::VoteKeys;
 use pulse::votes::service::{Ballot, Origin};
 use serde_json::{Value, json};
 
@@ -20,7 +20,6 @@ use crate::helpers::{
 use crate::likes::users;
 use crate::subscriptions::{Socket, connect, next_message, send, subscribed_as};
 use crate::votes::{admin, create_poll, row, voter};
-use pulse::keys::VoteKeys;
 
 const LIVE: &str = "subscription($p: ID!, $first: Int) {
   leaderboardChanged(pollId: $p, period: ALL_TIME, board: DISPLAY, first: $first) {
@@ -68,7 +67,7 @@ async fn a_dashboard_on_one_process_sees_votes_cast_through_another() {
     let (mut socket, first) = dashboard(&a, &poll, 10).await;
     assert_eq!(first["totalOptions"], 2);
     assert_eq!(first["entries"][0]["score"], 0.0);
-    listening(&a, row(&poll, NodeType::Poll)).await;
+    listening(&a, row(&poll, pulse::votes::POLL)).await;
 
     let voters = users(&b, 1).await;
     let cast = "mutation($p: ID!, $o: ID!) { castVotes(input: { ballots: [{ pollId: $p, optionId: $o }] }) { results { accepted } } }";
@@ -109,10 +108,10 @@ async fn a_thousand_votes_a_second_and_200_subscribers_cost_one_board_read_per_t
         json!({ "title": "Busy", "options": [{ "label": "A" }, { "label": "B" }, { "label": "C" }] }),
     )
     .await;
-    let poll_row = row(&poll, NodeType::Poll);
+    let poll_row = row(&poll, pulse::votes::POLL);
     let option_rows: Vec<i64> = options
         .iter()
-        .map(|o| row(o, NodeType::PollOption))
+        .map(|o| row(o, pulse::votes::POLL_OPTION))
         .collect();
     let dashboards = join_all((0..200).map(|_| dashboard(&app, &poll, 3))).await;
     listening(&app, poll_row).await;
@@ -198,7 +197,7 @@ async fn nothing_is_sent_while_the_visible_top_stays_the_same() {
             { "label": "Second" }, { "label": "Third" }] }),
     )
     .await;
-    let poll_row = row(&poll, NodeType::Poll);
+    let poll_row = row(&poll, pulse::votes::POLL);
     let (mut socket, first) = dashboard(&app, &poll, 1).await;
     assert_eq!(first["entries"][0]["option"]["label"], "Leader");
     listening(&app, poll_row).await;
@@ -207,7 +206,7 @@ async fn nothing_is_sent_while_the_visible_top_stays_the_same() {
     for _ in 0..5 {
         let ballot = Ballot {
             poll: poll_row,
-            option: row(&options[2], NodeType::PollOption),
+            option: row(&options[2], pulse::votes::POLL_OPTION),
         };
         app.state
             .services
@@ -229,7 +228,7 @@ async fn nothing_is_sent_while_the_visible_top_stays_the_same() {
 
     let ballot = Ballot {
         poll: poll_row,
-        option: row(&options[0], NodeType::PollOption),
+        option: row(&options[0], pulse::votes::POLL_OPTION),
     };
     app.state
         .services
@@ -270,13 +269,13 @@ async fn a_lone_vote_after_a_quiet_spell_is_pushed_at_once_not_at_the_end_of_the
     .await;
     let (mut socket, first) = dashboard(&app, &poll, 2).await;
     assert_eq!(first["entries"][0]["score"], 0.0);
-    listening(&app, row(&poll, NodeType::Poll)).await;
+    listening(&app, row(&poll, pulse::votes::POLL)).await;
     let reads = app.state.services.votes.board_reads();
 
     vote(
         &app,
-        row(&poll, NodeType::Poll),
-        row(&options[1], NodeType::PollOption),
+        row(&poll, pulse::votes::POLL),
+        row(&options[1], pulse::votes::POLL_OPTION),
     )
     .await;
     let update = snapshot(&mut socket).await;
@@ -311,10 +310,10 @@ async fn a_dashboard_goes_on_by_itself_after_its_pubsub_connection_is_killed() {
     .await;
     let (mut socket, _) = dashboard(&app, &poll, 2).await;
     let (poll, options): (i64, Vec<i64>) = (
-        row(&poll, NodeType::Poll),
+        row(&poll, pulse::votes::POLL),
         options
             .iter()
-            .map(|o| row(o, NodeType::PollOption))
+            .map(|o| row(o, pulse::votes::POLL_OPTION))
             .collect(),
     );
     listening(&app, poll).await;
@@ -356,8 +355,8 @@ async fn a_dashboard_goes_on_by_itself_after_redis_restarts() {
     .await;
     let (mut socket, _) = dashboard(&app, &poll, 2).await;
     let (poll, option_b) = (
-        row(&poll, NodeType::Poll),
-        row(&options[1], NodeType::PollOption),
+        row(&poll, pulse::votes::POLL),
+        row(&options[1], pulse::votes::POLL_OPTION),
     );
     listening(&app, poll).await;
 

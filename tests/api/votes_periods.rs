@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pulse::graphql::ids::NodeType;
 use pulse::votes::service::Origin;
 use sea_orm::{ActiveValue::Set, EntityTrait};
 use serde_json::{Value, json};
@@ -57,7 +56,7 @@ async fn a_board_says_whether_its_period_is_before_the_poll_past_expired_current
     // The poll has been open ten days: its creation moves back, and a fresh process reads it.
     let now = Utc::now();
     pulse::entities::polls::Entity::update(pulse::entities::polls::ActiveModel {
-        id: Set(row(&poll, NodeType::Poll)),
+        id: Set(row(&poll, pulse::votes::POLL)),
         created_at: Set((now - chrono::Duration::days(10)).naive_utc()),
         ..Default::default()
     })
@@ -125,7 +124,7 @@ async fn a_board_says_whether_its_period_is_before_the_poll_past_expired_current
 #[tokio::test]
 async fn an_unknown_poll_reads_as_null_and_a_malformed_id_is_refused() {
     let app = TestApp::spawn().await;
-    let unknown = pulse::graphql::ids::encode(NodeType::Poll, 987_654);
+    let unknown = pulse::graphql::ids::encode(pulse::votes::POLL, 987_654);
     let response = app
         .graphql(
             "query($p: ID!) { leaderboard(pollId: $p) { totalOptions } poll(id: $p) { id }

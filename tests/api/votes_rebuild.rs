@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
+use pulse::keys::VoteKeys;
 use pulse::votes::service::Origin;
 use serde_json::json;
 
 use crate::helpers::{TestApp, eventually, pulse_command, redis_url};
 use crate::likes::users;
 use crate::votes::{admin, cast_at, create_poll, row};
-use pulse::keys::VoteKeys;
 
 /// Every key of the poll (boards with exact score text, HLL counts, sequence, closed flag).
 async fn poll_state(app: &TestApp, poll: i64, options: &[i64]) -> BTreeMap<String, String> {
@@ -92,10 +92,10 @@ async fn rebuilding_from_the_vote_log_after_the_polls_keys_are_deleted_reproduce
     })
     .await;
 
-    let poll_row = row(&poll, pulse::graphql::ids::NodeType::Poll);
+    let poll_row = row(&poll, pulse::votes::POLL);
     let option_rows: Vec<i64> = options
         .iter()
-        .map(|option| row(option, pulse::graphql::ids::NodeType::PollOption))
+        .map(|option| row(option, pulse::votes::POLL_OPTION))
         .collect();
     let live = poll_state(&app, poll_row, &option_rows).await;
     let boards = live.keys().filter(|key| key.contains("vote:b:")).count();

@@ -5,17 +5,19 @@ use std::sync::Arc;
 use async_graphql::connection::PageInfo;
 use async_graphql::{Context, ID, Object, SimpleObject};
 use chrono::{DateTime, Utc};
+use pulse_kit::ids;
+use pulse_kit::{loaders, service};
+use pulse_runtime::error::{AppError, GqlResultExt};
 
 use super::poll::PollOption;
 use super::types::{BoardGql, PeriodGql, PeriodStateGql};
-use crate::error::{AppError, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::{loaders, services};
-use crate::votes::board::{self, Ranked};
-use crate::votes::config::PollConfig;
-use crate::votes::loader::BoardLoader;
-use crate::votes::periods::{self, Bucket, Period, PeriodState};
-use crate::votes::service::{self, Board, BoardKey};
+use crate::VoteService;
+use crate::board::{self, Ranked};
+use crate::config::PollConfig;
+use crate::loader::BoardLoader;
+use crate::periods::{self, Bucket, Period, PeriodState};
+use crate::service::{self, Board, BoardKey};
+use crate::{POLL, POLL_OPTION};
 
 /// Most entries one leaderboard page holds.
 pub(super) const MAX_LEADERBOARD_PAGE: i32 = 100;
@@ -105,7 +107,7 @@ pub struct Leaderboard {
 #[Object]
 impl Leaderboard {
     async fn poll_id(&self) -> ID {
-        ids::encode(NodeType::Poll, self.poll.id)
+        ids::encode(POLL, self.poll.id)
     }
 
     async fn period(&self) -> PeriodGql {
@@ -217,7 +219,7 @@ pub(super) async fn leaderboard(
     around: Option<i64>,
 ) -> async_graphql::Result<Leaderboard> {
     let bucket = current_bucket(&poll, &request)?;
-    let state = services(ctx).votes.period_state(&poll, &bucket);
+    let state = service::<VoteService>(ctx).period_state(&poll, &bucket);
     let mut ranked = ranked_board(ctx, &poll, request.board, bucket).await?;
     if state == PeriodState::Expired {
         // Its keys are gone: zeros would claim scores nobody knows any more.
@@ -229,7 +231,7 @@ pub(super) async fn leaderboard(
 
 pub(super) fn option_row(around: Option<ID>) -> async_graphql::Result<Option<i64>> {
     around
-        .map(|id| ids::decode(&id, NodeType::PollOption, "around"))
+        .map(|id| ids::decode(&id, POLL_OPTION, "around"))
         .transpose()
         .gql()
 }

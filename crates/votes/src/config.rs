@@ -10,6 +10,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use futures_util::StreamExt as _;
+use pulse_runtime::error::{AppError, AppResult, SharedResult};
+use pulse_runtime::pagination::{Page, PageRequest, Position};
+use pulse_runtime::realtime::Hub;
+use pulse_runtime::redis::Redis;
+use pulse_runtime::sql::retry_once;
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use singleflight_async::SingleFlight;
 use tokio::time::Instant;
@@ -19,13 +24,8 @@ use tokio_util::task::TaskTracker;
 use super::board::TiePolicy;
 use super::periods::Period;
 use super::rules::{LimitScope, LimitWindow, Rule};
-use crate::db::retry_once;
 use crate::entities::{poll_options, poll_rules, polls};
-use crate::error::{AppError, AppResult, SharedResult};
 use crate::keys::VoteKeys;
-use crate::pagination::{Page, PageRequest, Position};
-use crate::realtime::Hub;
-use crate::redis::Redis;
 
 /// How long a process trusts its copy of a poll without hearing of a change.
 const MAX_AGE: Duration = Duration::from_secs(30);
@@ -163,7 +163,7 @@ struct Cache {
 }
 
 /// The walk of `polls(first, after)`: newest first.
-pub const POLLS: crate::pagination::Walk = crate::pagination::Walk("polls");
+pub const POLLS: pulse_runtime::pagination::Walk = pulse_runtime::pagination::Walk("polls");
 
 impl PollConfigs {
     pub(super) fn db(&self) -> &DatabaseConnection {

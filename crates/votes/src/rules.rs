@@ -11,9 +11,9 @@
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
+use pulse_runtime::error::{AppError, AppResult};
 
 use super::periods::{self, Period};
-use crate::error::{AppError, AppResult};
 
 /// Most rules one poll may carry.
 pub const MAX_RULES: usize = 20;

@@ -4,18 +4,20 @@ use std::sync::Arc;
 
 use async_graphql::{Context, ID, Subscription};
 use futures_util::{Stream, StreamExt as _};
+use pulse_kit::ids;
+use pulse_kit::service;
+use pulse_runtime::error::GqlResultExt;
+use pulse_runtime::pagination::PageSize;
 
 use super::leaderboard::{BoardRequest, Leaderboard, MAX_LEADERBOARD_PAGE, page_of};
 use super::types::{BoardGql, PeriodGql};
-use crate::error::GqlResultExt;
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::services;
-use crate::pagination::PageSize;
-use crate::votes::board;
-use crate::votes::config::PollConfig;
-use crate::votes::live::LiveBoard;
-use crate::votes::periods::PeriodState;
-use crate::votes::service;
+use crate::POLL;
+use crate::board;
+use crate::config::PollConfig;
+use crate::live::LiveBoard;
+use crate::periods::PeriodState;
+use crate::service;
+use crate::{LiveBoardService, VoteService};
 
 #[derive(Default)]
 pub struct VotesSubscription;
@@ -45,8 +47,8 @@ impl VotesSubscription {
             period: request.period,
             board: request.board,
         };
-        let configs = services(ctx).votes.configs().clone();
-        let stream = services(ctx).live_boards.watch(live, first);
+        let configs = service::<VoteService>(ctx).configs().clone();
+        let stream = service::<LiveBoardService>(ctx).watch(live, first);
         Ok(stream.then(move |top| {
             let configs = configs.clone();
             let fallback = poll.clone();
@@ -87,6 +89,10 @@ async fn require_poll(
     id: &ID,
     field: &'static str,
 ) -> async_graphql::Result<Arc<PollConfig>> {
-    let poll = ids::decode(id, NodeType::Poll, field).gql()?;
-    services(ctx).votes.configs().require(poll).await.gql()
+    let poll = ids::decode(id, POLL, field).gql()?;
+    service::<VoteService>(ctx)
+        .configs()
+        .require(poll)
+        .await
+        .gql()
 }

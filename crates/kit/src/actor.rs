@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use crate::error::{AppError, AppResult};
+use pulse_runtime::error::{AppError, AppResult};
 
 /// The caller: a signed-in user or anonymous, where the request came from, and its User-Agent.
 #[derive(Clone, Debug)]

@@ -2,18 +2,17 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use pulse_kit::context::{FromServices, Registry};
 
 use super::service::{BoardKey, BoardScores, Participants, VoteService};
-use crate::graphql::loaders::FromServices;
-use crate::services::Services;
 
 /// Board scores by (poll, board, bucket): every leaderboard and standing of a request, the
 /// previous periods' boards included, costs one pipelined Redis round trip.
 pub struct BoardLoader(pub VoteService);
 
 impl FromServices for BoardLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.votes.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<VoteService>().clone())
     }
 }
 
@@ -30,8 +29,8 @@ impl Loader<BoardKey> for BoardLoader {
 pub struct ParticipantsLoader(pub VoteService);
 
 impl FromServices for ParticipantsLoader {
-    fn from_services(services: &Services) -> Self {
-        Self(services.votes.clone())
+    fn from_services(services: &Registry) -> Self {
+        Self(services.get::<VoteService>().clone())
     }
 }
 

@@ -7,16 +7,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use pulse_kit::Actor;
+use pulse_runtime::error::{AppError, AppResult};
+use pulse_runtime::redis::Redis;
 
 use super::board::{self, Ranked};
 use super::config::{NotOpen, PollConfig, PollConfigs};
 use super::periods::{self, Bucket, Period};
 use super::rules::{self, LimitScope, Rule};
-use crate::actor::Actor;
-use crate::error::{AppError, AppResult};
 use crate::keys::VoteKeys;
-use crate::redis::Redis;
-use crate::scripts::SCRIPTS;
+use crate::scripts::VOTE_CAST;
 
 /// Most ballots in one `castVotes` call.
 pub const MAX_BALLOTS: usize = 50;
@@ -200,7 +200,7 @@ impl VoteService {
         periods::state(bucket, Utc::now(), opened, self.retention)
     }
 
-    pub fn redis_keys(&self) -> crate::redis::Keys {
+    pub fn redis_keys(&self) -> pulse_runtime::redis::Keys {
         self.redis.keys.clone()
     }
 
@@ -307,7 +307,7 @@ impl VoteService {
             event_prefix: &format!("{:032x}", rand::random::<u128>()),
             publish: self.redis.target.sharded_publish(),
         });
-        let mut invocation = SCRIPTS.vote_cast.prepare_invoke();
+        let mut invocation = VOTE_CAST.prepare_invoke();
         for key in &call.keys {
             invocation.key(key);
         }
@@ -407,7 +407,7 @@ impl VoteService {
 
 /// What one call of `lua/vote_cast.lua` is made of.
 pub struct CastCall<'a> {
-    pub keys: &'a crate::redis::Keys,
+    pub keys: &'a pulse_runtime::redis::Keys,
     pub config: &'a PollConfig,
     /// The voter's user id as the script records it (the load tool's ceiling passes a
     /// placeholder).
@@ -419,7 +419,7 @@ pub struct CastCall<'a> {
     pub now: DateTime<Utc>,
     pub retention: Duration,
     pub event_prefix: &'a str,
-    /// The command announcing the move on the poll's channel ([`crate::redis::Target::sharded_publish`]).
+    /// The command announcing the move on the poll's channel ([`pulse_runtime::redis::Target::sharded_publish`]).
     pub publish: &'a str,
 }
 

@@ -1,6 +1,6 @@
 //! Votes: a poll's boards, participant counters, rate-limit counters and vote sequence.
 
-use super::Keys;
+use pulse_runtime::redis::Keys;
 
 /// Polls spread over this many shards, each with the hash tag `{vp:N}`: every key of one poll
 /// (and the shard's archive stream) is in one slot, so the one script that casts a poll's votes

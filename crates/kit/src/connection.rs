@@ -1,10 +1,9 @@
-//! Relay connection glue over the keyset pages of [`crate::pagination`]: the cursors are issued
+//! Relay connection glue over the keyset pages of [`pulse_runtime::pagination`]: the cursors are issued
 //! there, and only turned into edges and complexity here.
 
 use async_graphql::OutputType;
 use async_graphql::connection::{Connection, Edge, EmptyFields};
-
-use crate::pagination::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page};
+use pulse_runtime::pagination::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page};
 
 /// A Relay connection whose cursors are opaque strings.
 pub type Connected<N> = Connection<String, N, EmptyFields, EmptyFields>;

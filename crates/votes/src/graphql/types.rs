@@ -2,10 +2,10 @@
 
 use async_graphql::{Enum, InputObject, SimpleObject};
 
-use crate::votes::board::TiePolicy;
-use crate::votes::periods::{Period, PeriodState};
-use crate::votes::rules::{LimitScope, LimitWindow, Rule};
-use crate::votes::service::Board;
+use crate::board::TiePolicy;
+use crate::periods::{Period, PeriodState};
+use crate::rules::{LimitScope, LimitWindow, Rule};
+use crate::service::Board;
 
 /// What a leaderboard's period is, next to now and the poll's life.
 #[derive(Enum, Clone, Copy, PartialEq, Eq)]

@@ -4,19 +4,20 @@ use std::sync::Arc;
 
 use async_graphql::{Context, ID, Object};
 use chrono::{DateTime, Utc};
+use pulse_kit::connection::Connected;
+use pulse_kit::ids;
+use pulse_kit::loaders;
+use pulse_runtime::error::GqlResultExt;
+use pulse_runtime::pagination::PageSize;
 
 use super::leaderboard::{
     BoardRequest, Leaderboard, MAX_LEADERBOARD_PAGE, Standing, leaderboard, option_row, standing,
 };
 use super::types::{BoardGql, PeriodGql, RateLimitRule, TiePolicyGql};
-use crate::error::GqlResultExt;
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::loaders;
-use crate::graphql::pagination::Connected;
-use crate::pagination::PageSize;
-use crate::votes::config::{OptionConfig, PollConfig};
-use crate::votes::loader::ParticipantsLoader;
-use crate::votes::service::Participants;
+use crate::config::{OptionConfig, PollConfig};
+use crate::loader::ParticipantsLoader;
+use crate::service::Participants;
+use crate::{POLL, POLL_OPTION};
 
 pub struct Poll(pub Arc<PollConfig>);
 
@@ -25,7 +26,7 @@ pub type PollConnection = Connected<Poll>;
 #[Object]
 impl Poll {
     pub async fn id(&self) -> ID {
-        ids::encode(NodeType::Poll, self.0.id)
+        ids::encode(POLL, self.0.id)
     }
 
     async fn title(&self) -> &str {
@@ -113,7 +114,7 @@ pub struct PollOption {
 #[Object]
 impl PollOption {
     pub async fn id(&self) -> ID {
-        ids::encode(NodeType::PollOption, self.option.id)
+        ids::encode(POLL_OPTION, self.option.id)
     }
 
     async fn label(&self) -> &str {

@@ -6,6 +6,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
+use pulse_kit::{Actor, Admins};
+use pulse_runtime::error::{AppError, AppResult};
+use pulse_runtime::redis::Redis;
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter,
     TransactionTrait,
@@ -15,12 +18,8 @@ use super::board::TiePolicy;
 use super::config::{OptionConfig, PollConfig, PollConfigs};
 use super::periods::Period;
 use super::rules::{self, Rule};
-use crate::accounts::AccountService;
-use crate::actor::Actor;
 use crate::entities::{poll_options, poll_rules, polls};
-use crate::error::{AppError, AppResult};
 use crate::keys::VoteKeys;
-use crate::redis::Redis;
 
 /// Most options one poll may have: a board read ranks them all.
 pub const MAX_OPTIONS: usize = 500;
@@ -66,7 +65,7 @@ pub struct NewOption {
 pub struct PollAdminService {
     db: DatabaseConnection,
     redis: Redis,
-    accounts: AccountService,
+    admins: Arc<dyn Admins>,
     configs: PollConfigs,
 }
 
@@ -74,20 +73,20 @@ impl PollAdminService {
     pub fn new(
         db: DatabaseConnection,
         redis: Redis,
-        accounts: AccountService,
+        admins: Arc<dyn Admins>,
         configs: PollConfigs,
     ) -> Self {
         Self {
             db,
             redis,
-            accounts,
+            admins,
             configs,
         }
     }
 
     async fn require_admin(&self, actor: &Actor) -> AppResult<()> {
         let user = actor.require_user()?;
-        self.accounts.require_admin(user).await
+        self.admins.require_admin(user).await
     }
 
     pub async fn create(&self, actor: &Actor, poll: NewPoll) -> AppResult<Arc<PollConfig>> {
@@ -107,7 +106,7 @@ impl PollAdminService {
         for option in &poll.options {
             validate_option(option)?;
         }
-        let now = crate::db::now();
+        let now = pulse_runtime::sql::now();
         let txn = self.db.begin().await?;
         let row = polls::ActiveModel {
             title: Set(poll.title.trim().to_owned()),
@@ -190,7 +189,7 @@ impl PollAdminService {
         if let Some(at) = changes.ends_at {
             row.ends_at = Set(Some(at.naive_utc()));
         }
-        row.updated_at = Set(crate::db::now());
+        row.updated_at = Set(pulse_runtime::sql::now());
         row.update(&txn).await?;
         if let Some(rules) = &changes.rules {
             poll_rules::Entity::delete_many()
@@ -262,8 +261,8 @@ impl PollAdminService {
             .ok_or(AppError::NotFound("poll"))?;
         if row.closed_at.is_none() {
             let mut active: polls::ActiveModel = row.into();
-            active.closed_at = Set(Some(crate::db::now()));
-            active.updated_at = Set(crate::db::now());
+            active.closed_at = Set(Some(pulse_runtime::sql::now()));
+            active.updated_at = Set(pulse_runtime::sql::now());
             active.update(&self.db).await?;
         }
         let mut conn = self.redis.conn.clone();
@@ -336,7 +335,7 @@ async fn insert_option(
         label: Set(option.label.trim().to_owned()),
         bonus: Set(option.bonus),
         initial_votes: Set(option.initial_votes),
-        created_at: Set(crate::db::now()),
+        created_at: Set(pulse_runtime::sql::now()),
         ..Default::default()
     }
     .insert(txn)

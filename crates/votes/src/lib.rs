@@ -20,12 +20,15 @@ pub mod admin;
 pub mod archive;
 pub mod board;
 pub mod config;
+pub mod entities;
 pub mod graphql;
+pub mod keys;
 pub mod live;
 pub mod loader;
 pub mod periods;
 pub mod rebuild;
 pub mod rules;
+pub mod scripts;
 pub mod service;
 
 pub use admin::PollAdminService;
@@ -33,3 +36,10 @@ pub use archive::VoteArchiver;
 pub use config::PollConfigs;
 pub use live::LiveBoardService;
 pub use service::VoteService;
+
+use pulse_kit::ids::NodeType;
+
+/// A poll's global id names this type.
+pub const POLL: NodeType = NodeType::named("Poll");
+/// A poll option's global id names this type.
+pub const POLL_OPTION: NodeType = NodeType::named("PollOption");

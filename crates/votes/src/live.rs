@@ -3,7 +3,7 @@
 //!
 //! The vote script announces every accepted ballot on the poll's channel, whichever process cast
 //! it. Per process, one coalescing watcher per watched (poll, period, board) reads the board at
-//! most once per tick, however many subscribers and votes (see [`crate::realtime::coalesce`]),
+//! most once per tick, however many subscribers and votes (see [`pulse_runtime::realtime::coalesce`]),
 //! and again when the period's bucket ends. Each subscriber gets the snapshot at once, then only
 //! the snapshots whose visible top (its `first` entries) changed; every snapshot carries the
 //! poll's vote sequence as its version.
@@ -13,15 +13,15 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::{FutureExt as _, Stream, StreamExt as _};
+use pulse_runtime::error::AppResult;
+use pulse_runtime::realtime::{Coalescer, CoalescerConfig, Hub, Sharding, Snapshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::board::Ranked;
 use super::periods::{self, Bucket, Period};
 use super::service::{Board, BoardKey, VoteService};
-use crate::error::AppResult;
 use crate::keys::VoteKeys;
-use crate::realtime::{Coalescer, CoalescerConfig, Hub, Sharding, Snapshot};
 
 /// A watched board: the current bucket of one period of a poll.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

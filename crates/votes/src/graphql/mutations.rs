@@ -4,16 +4,18 @@ use std::sync::Arc;
 
 use async_graphql::{Context, Enum, ID, InputObject, Object, SimpleObject};
 use chrono::Utc;
+use pulse_kit::ids;
+use pulse_kit::{actor, service};
+use pulse_runtime::error::{AppError, GqlResultExt};
 
 use super::admin::{CreatePollInput, PollOptionInput, UpdatePollInput};
 use super::leaderboard::{BoardRequest, Standing, standing};
 use super::poll::{Poll, PollOption};
 use super::types::RateLimitRule;
-use crate::error::{AppError, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::{actor, services};
-use crate::votes::config::{NotOpen, OptionConfig, PollConfig};
-use crate::votes::service::{Ballot, BallotOutcome, Board, Origin, Rejection};
+use crate::config::{NotOpen, OptionConfig, PollConfig};
+use crate::service::{Ballot, BallotOutcome, Board, Origin, Rejection};
+use crate::{POLL, POLL_OPTION};
+use crate::{PollAdminService, VoteService};
 
 /// Why a ballot was not counted.
 #[derive(Enum, Clone, Copy, PartialEq, Eq)]
@@ -53,11 +55,11 @@ pub struct BallotResult {
 #[Object]
 impl BallotResult {
     async fn poll_id(&self) -> ID {
-        ids::encode(NodeType::Poll, self.outcome.ballot.poll)
+        ids::encode(POLL, self.outcome.ballot.poll)
     }
 
     async fn option_id(&self) -> ID {
-        ids::encode(NodeType::PollOption, self.outcome.ballot.option)
+        ids::encode(POLL_OPTION, self.outcome.ballot.option)
     }
 
     async fn accepted(&self) -> bool {
@@ -129,8 +131,8 @@ impl VotesMutation {
             .iter()
             .map(|ballot| {
                 Ok(Ballot {
-                    poll: ids::decode(&ballot.poll_id, NodeType::Poll, "pollId")?,
-                    option: ids::decode(&ballot.option_id, NodeType::PollOption, "optionId")?,
+                    poll: ids::decode(&ballot.poll_id, POLL, "pollId")?,
+                    option: ids::decode(&ballot.option_id, POLL_OPTION, "optionId")?,
                 })
             })
             .collect::<Result<Vec<_>, AppError>>()
@@ -139,7 +141,7 @@ impl VotesMutation {
             channel: input.channel,
             device: input.device,
         };
-        let votes = &services(ctx).votes;
+        let votes = &service::<VoteService>(ctx);
         let outcomes = votes
             .cast(actor(ctx), &ballots, &origin, Utc::now())
             .await
@@ -158,8 +160,7 @@ impl VotesMutation {
         ctx: &Context<'_>,
         input: CreatePollInput,
     ) -> async_graphql::Result<Poll> {
-        let created = services(ctx)
-            .polls
+        let created = service::<PollAdminService>(ctx)
             .create(actor(ctx), input.into())
             .await
             .gql()?;
@@ -173,9 +174,8 @@ impl VotesMutation {
         id: ID,
         input: UpdatePollInput,
     ) -> async_graphql::Result<Poll> {
-        let poll = ids::decode(&id, NodeType::Poll, "id").gql()?;
-        let updated = services(ctx)
-            .polls
+        let poll = ids::decode(&id, POLL, "id").gql()?;
+        let updated = service::<PollAdminService>(ctx)
             .update(actor(ctx), poll, input.into())
             .await
             .gql()?;
@@ -189,8 +189,8 @@ impl VotesMutation {
         poll_id: ID,
         input: PollOptionInput,
     ) -> async_graphql::Result<PollOption> {
-        let poll = ids::decode(&poll_id, NodeType::Poll, "pollId").gql()?;
-        let admin = &services(ctx).polls;
+        let poll = ids::decode(&poll_id, POLL, "pollId").gql()?;
+        let admin = &service::<PollAdminService>(ctx);
         let option = admin
             .add_option(actor(ctx), poll, input.into())
             .await
@@ -205,8 +205,8 @@ impl VotesMutation {
         id: ID,
         input: PollOptionInput,
     ) -> async_graphql::Result<PollOption> {
-        let option = ids::decode(&id, NodeType::PollOption, "id").gql()?;
-        let admin = &services(ctx).polls;
+        let option = ids::decode(&id, POLL_OPTION, "id").gql()?;
+        let admin = &service::<PollAdminService>(ctx);
         let option = admin
             .update_option(actor(ctx), option, input.into())
             .await
@@ -216,8 +216,11 @@ impl VotesMutation {
 
     /// Admin only. Every later ballot is refused, on every process at once.
     async fn close_poll(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Poll> {
-        let poll = ids::decode(&id, NodeType::Poll, "id").gql()?;
-        let closed = services(ctx).polls.close(actor(ctx), poll).await.gql()?;
+        let poll = ids::decode(&id, POLL, "id").gql()?;
+        let closed = service::<PollAdminService>(ctx)
+            .close(actor(ctx), poll)
+            .await
+            .gql()?;
         Ok(Poll(closed))
     }
 }
@@ -226,8 +229,7 @@ async fn option_with_poll(
     ctx: &Context<'_>,
     option: OptionConfig,
 ) -> async_graphql::Result<PollOption> {
-    let poll = services(ctx)
-        .votes
+    let poll = service::<VoteService>(ctx)
         .configs()
         .require(option.poll_id)
         .await

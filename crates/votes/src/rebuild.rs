@@ -15,15 +15,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use pulse_runtime::error::{AppError, AppResult};
+use pulse_runtime::redis::Redis;
 use sea_orm::{ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use super::config::PollConfigs;
 use super::periods::Period;
 use super::service::{increment_of, targets};
 use crate::entities::{polls, vote_log};
-use crate::error::{AppError, AppResult};
 use crate::keys::VoteKeys;
-use crate::redis::Redis;
 
 /// Log rows read per query.
 const PAGE: u64 = 5000;

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use crate::error::{AppError, AppResult};
-use crate::pagination::{Cursor, Position, SortKey, Walk};
+use pulse_runtime::error::{AppError, AppResult};
+use pulse_runtime::pagination::{Cursor, Position, SortKey, Walk};
 
 /// How tied options are ranked: 1, 2, 3 (ORDINAL, ties by option id), 1, 1, 2 (DENSE) or 1, 1, 3
 /// (COMPETITION).

@@ -4,8 +4,8 @@ use async_graphql::InputObject;
 use chrono::{DateTime, Utc};
 
 use super::types::{PeriodGql, RateLimitRuleInput, TiePolicyGql};
-use crate::votes::admin::{NewOption, NewPoll, PollChanges};
-use crate::votes::rules::Rule;
+use crate::admin::{NewOption, NewPoll, PollChanges};
+use crate::rules::Rule;
 
 #[derive(InputObject)]
 pub struct PollOptionInput {

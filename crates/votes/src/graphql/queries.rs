@@ -2,21 +2,22 @@
 
 use async_graphql::{Context, ID, Object};
 use chrono::{DateTime, Utc};
+use pulse_kit::ids;
+use pulse_kit::service;
+use pulse_runtime::error::{AppError, GqlResultExt};
+use pulse_runtime::pagination::{PageRequest, PageSize};
 
 use super::leaderboard::{
     BoardRequest, Leaderboard, MAX_LEADERBOARD_PAGE, leaderboard, option_row,
 };
 use super::poll::{Poll, PollConnection, PollOption};
 use super::types::{BoardGql, PeriodGql};
-use crate::error::{AppError, GqlResultExt};
-use crate::graphql::ids::{self, NodeType};
-use crate::graphql::services;
-use crate::pagination::{PageRequest, PageSize};
+use crate::POLL;
+use crate::VoteService;
 
 /// A poll by its row id, or null.
 pub async fn load_poll(ctx: &Context<'_>, poll: i64) -> async_graphql::Result<Option<Poll>> {
-    Ok(services(ctx)
-        .votes
+    Ok(service::<VoteService>(ctx)
         .configs()
         .get(poll)
         .await
@@ -29,7 +30,7 @@ pub async fn load_poll_option(
     ctx: &Context<'_>,
     option: i64,
 ) -> async_graphql::Result<Option<PollOption>> {
-    let configs = services(ctx).votes.configs();
+    let configs = service::<VoteService>(ctx).configs();
     let poll = match configs.poll_of_option(option).await {
         Ok(poll) => poll,
         Err(AppError::NotFound(_)) => return Ok(None),
@@ -50,7 +51,7 @@ pub struct VotesQuery;
 #[Object]
 impl VotesQuery {
     async fn poll(&self, ctx: &Context<'_>, id: ID) -> async_graphql::Result<Option<Poll>> {
-        let poll = ids::decode(&id, NodeType::Poll, "id").gql()?;
+        let poll = ids::decode(&id, POLL, "id").gql()?;
         load_poll(ctx, poll).await
     }
 
@@ -61,9 +62,8 @@ impl VotesQuery {
         #[graphql(default = 20)] first: i32,
         after: Option<String>,
     ) -> async_graphql::Result<PollConnection> {
-        let page =
-            PageRequest::parse(crate::votes::config::POLLS, Some(first), after.as_deref()).gql()?;
-        let configs = services(ctx).votes.configs();
+        let page = PageRequest::parse(crate::config::POLLS, Some(first), after.as_deref()).gql()?;
+        let configs = service::<VoteService>(ctx).configs();
         let ids = configs.list(page).await.gql()?;
         let mut connection = PollConnection::new(false, ids.has_next_page);
         for (cursor, id) in ids.edges {
@@ -91,9 +91,14 @@ impl VotesQuery {
         after: Option<String>,
         around: Option<ID>,
     ) -> async_graphql::Result<Option<Leaderboard>> {
-        let poll = ids::decode(&poll_id, NodeType::Poll, "pollId").gql()?;
+        let poll = ids::decode(&poll_id, POLL, "pollId").gql()?;
         let first = PageSize::parse(first, MAX_LEADERBOARD_PAGE).gql()?.get();
-        let Some(poll) = services(ctx).votes.configs().get(poll).await.gql()? else {
+        let Some(poll) = service::<VoteService>(ctx)
+            .configs()
+            .get(poll)
+            .await
+            .gql()?
+        else {
             return Ok(None);
         };
         let around = option_row(around)?;

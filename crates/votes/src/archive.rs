@@ -7,13 +7,13 @@
 use std::collections::HashSet;
 
 use anyhow::{anyhow, bail};
+use pulse_runtime::jobs::{Entry, Job, JobSpec};
 use sea_orm::{
     ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QuerySelect,
     TransactionTrait,
 };
 
 use crate::entities::vote_log;
-use crate::jobs::{Entry, Job, JobSpec};
 use crate::keys::VOTE_SHARDS;
 
 pub const SPEC: JobSpec = JobSpec {

@@ -1,0 +1,127 @@
+//! A resolver's reach into its request: the services (by type, from the registry the app builds),
+//! the request's DataLoaders and who is asking.
+//!
+//! Loaders are made on first use, so a request that needs none (most mutations) pays for none;
+//! within a request, every load of one kind is batched, and what was loaded is kept for the rest
+//! of the request.
+//!
+//! A loader gathers the keys asked for within a millisecond of the first one. On a loaded machine a
+//! page's resolvers can take longer than that to run, and the batch splits; so resolvers that
+//! return a list prefetch what the selected fields need with one `load_many` per kind (the lists of
+//! articles and comments do), and the per-item fields then find it loaded.
+//!
+//! A domain registers a loader by implementing [`FromServices`] next to it; nothing here changes
+//! when a domain arrives.
+
+use std::any::{Any, TypeId, type_name};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_graphql::Context;
+use async_graphql::dataloader::{DataLoader, HashMapCache};
+
+use crate::actor::Actor;
+
+/// The services of a schema, one of each type: the app registers every domain's, and a domain
+/// reads the ones it names. Built once, before the schema; read-only after.
+#[derive(Default)]
+pub struct Registry {
+    services: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+}
+
+impl Registry {
+    /// Adds `service`, replacing one of the same type.
+    pub fn with<T: Send + Sync + 'static>(mut self, service: T) -> Self {
+        self.services.insert(TypeId::of::<T>(), Box::new(service));
+        self
+    }
+
+    /// The service of type `T`.
+    ///
+    /// # Panics
+    /// When the app registered none: a wiring mistake, which the first request reaching a resolver
+    /// that needs it shows.
+    pub fn get<T: 'static>(&self) -> &T {
+        self.services
+            .get(&TypeId::of::<T>())
+            .and_then(|service| service.downcast_ref::<T>())
+            .unwrap_or_else(|| panic!("no {} is registered", type_name::<T>()))
+    }
+}
+
+/// The service of type `T` of the schema the request runs on.
+pub fn service<'a, T: 'static>(ctx: &Context<'a>) -> &'a T {
+    ctx.data_unchecked::<Arc<Registry>>().get::<T>()
+}
+
+/// The request's DataLoaders.
+pub fn loaders<'a>(ctx: &Context<'a>) -> &'a Loaders {
+    ctx.data_unchecked::<Loaders>()
+}
+
+/// Who is asking, from where.
+pub fn actor<'a>(ctx: &Context<'a>) -> &'a Actor {
+    ctx.data_unchecked::<Actor>()
+}
+
+/// A loader made from the services, once per request that uses it.
+pub trait FromServices: Send + Sync + 'static {
+    fn from_services(services: &Registry) -> Self;
+}
+
+/// One request's loaders, by kind.
+pub struct Loaders {
+    services: Arc<Registry>,
+    made: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Loaders {
+    pub fn new(services: Arc<Registry>) -> Self {
+        Self {
+            services,
+            made: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This request's loader of kind `L`, made on first use.
+    pub fn get<L: FromServices>(&self) -> Arc<DataLoader<L, HashMapCache>> {
+        let mut made = self
+            .made
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let loader = made.entry(TypeId::of::<L>()).or_insert_with(|| {
+            Arc::new(DataLoader::with_cache(
+                L::from_services(&self.services),
+                tokio::spawn,
+                HashMapCache::default(),
+            ))
+        });
+        Arc::clone(loader)
+            .downcast::<DataLoader<L, HashMapCache>>()
+            .expect("loaders are stored under their own type id")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct Counter(u32);
+
+    #[test]
+    fn a_registered_service_is_found_by_its_type_and_the_last_of_a_type_wins() {
+        let registry = Registry::default()
+            .with(Counter(1))
+            .with("a str")
+            .with(Counter(2));
+        assert_eq!(registry.get::<Counter>(), &Counter(2));
+        assert_eq!(*registry.get::<&str>(), "a str");
+    }
+
+    #[test]
+    #[should_panic(expected = "Counter is registered")]
+    fn a_missing_service_names_its_type() {
+        Registry::default().get::<Counter>();
+    }
+}
