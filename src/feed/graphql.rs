@@ -1,6 +1,6 @@
 use async_graphql::connection::{Connection, ConnectionNameType, Edge, EdgeNameType, EmptyFields};
 use async_graphql::{Context, Object, OutputType, SimpleObject, Subscription};
-use futures_util::{Stream, StreamExt as _};
+use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use pulse_kit::connection::connection_complexity;
 use pulse_kit::{actor, service};
 
@@ -88,8 +88,11 @@ impl FeedSubscription {
         ctx: &Context<'_>,
         after: Option<String>,
     ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<FeedEdge>> + use<>> {
+        // Boxed: async-graphql keeps this resolver's future in the subscription's stream for as
+        // long as it runs, and the start of a feed (its SQL and Redis reads) is the largest part.
         let live = service::<FeedService>(ctx)
             .live(actor(ctx), after.as_deref())
+            .boxed()
             .await
             .gql()?;
         Ok(live.map(|item| {

@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures_util::{Stream, StreamExt as _};
+use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use pulse_kit::actor::Actor;
 use singleflight_async::SingleFlight;
 use tokio::sync::{mpsc, oneshot};
@@ -86,6 +86,12 @@ const REBUILD_ATTEMPTS: usize = 3;
 
 /// How long an online marker lives; the subscription holding it renews it three times as often.
 const ONLINE_TTL: Duration = Duration::from_secs(30);
+
+/// Announcements a `feedItemAdded` may fall behind on its viewer's own channel before it skips
+/// them and catches up from the journal. The channel carries that viewer's items alone, and each
+/// slot of its buffer is allocated when the subscription starts: 256, the hub's default, cost
+/// 10 KiB per idle subscriber.
+const VIEWER_BUFFER: usize = 16;
 
 /// Ids a replay asks of the timeline at a time: most resumes miss a few items, not the limit.
 const REPLAY_CHUNK: usize = 100;
@@ -674,9 +680,11 @@ impl FeedService {
             Some((id, mark)) => (mark.position, mark.page.then_some(id)),
         };
         let keys = &self.store.redis.keys;
-        let own = self
-            .hub
-            .subscribe_as(keys.feed_channel(viewer), Sharding::Sharded);
+        let own = self.hub.subscribe_buffered(
+            keys.feed_channel(viewer),
+            Sharding::Sharded,
+            VIEWER_BUFFER,
+        );
         let celebrities: Vec<_> = self
             .store
             .followed_celebrities(viewer)
@@ -697,10 +705,12 @@ impl FeedService {
         }));
         let presence = Presence::start(self.clone(), viewer).await?;
         let service = self.clone();
+        // Each item's work is boxed, so that the stream holds its space only while an item is
+        // read, not for as long as the subscriber is idle.
         let arrivals = futures_util::stream::select_all(heard).filter_map(move |heard| {
             let service = service.clone();
             let _held = &presence;
-            async move {
+            let arrival = async move {
                 match heard {
                     Heard::Own(payload) => {
                         let (of, position, article) = Self::announced(&payload)?;
@@ -732,7 +742,8 @@ impl FeedService {
                         None
                     }
                 }
-            }
+            };
+            arrival.boxed()
         });
         let history = self.clone();
         let resume = Resume {

@@ -115,11 +115,25 @@ impl Hub {
     /// Messages published on `channel` as `sharding` says, from now on, until the returned stream
     /// is dropped.
     pub fn subscribe_as(&self, channel: String, sharding: Sharding) -> HubSubscription {
+        self.subscribe_buffered(channel, sharding, SUBSCRIBER_BUFFER)
+    }
+
+    /// As [`Self::subscribe_as`], on a channel whose subscribers each fall at most `buffer`
+    /// messages behind before they skip ahead, when this is its first local subscriber (the
+    /// channel keeps the buffer it was made with). A channel's buffer is allocated whole when it
+    /// is made, 40 bytes a message: a channel of one subscriber's own, which carries few messages
+    /// and whose reader catches up from a history when it skips, wants a small one.
+    pub fn subscribe_buffered(
+        &self,
+        channel: String,
+        sharding: Sharding,
+        buffer: usize,
+    ) -> HubSubscription {
         let mut channels = self.inner.channels.lock().expect("hub lock poisoned");
         let state = channels.entry(channel.clone()).or_insert_with(|| {
             metrics::gauge!("pulse_live_channels").increment(1);
             ChannelState {
-                sender: broadcast::channel(SUBSCRIBER_BUFFER).0,
+                sender: broadcast::channel(buffer).0,
                 subscribers: 0,
                 confirmed: watch::channel(0).0,
                 sharding,

@@ -169,8 +169,10 @@ where
                         reading.await
                     }
                 };
-                let reading = read_after(Duration::ZERO);
-                tokio::pin!(reading);
+                // On the heap, and only while it is read: a history's read (SQL and Redis calls)
+                // is many times the size of the rest of the stream, and an idle subscriber would
+                // otherwise hold room for it for as long as it lives.
+                let mut reading = Box::pin(read_after(Duration::ZERO));
                 let mut delay = Duration::from_millis(100);
                 let mut heard = Vec::new();
                 let outcome = loop {
@@ -408,5 +410,45 @@ mod tests {
             Err(AppError::ResyncRequired("renewed"))
         ));
         assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_holds_no_room_for_its_history_reads_between_them() {
+        const SCRATCH: usize = 16 * 1024;
+        let (_live, heard) = mpsc::unbounded_channel::<AppResult<i64>>();
+        let heard = futures_util::stream::unfold(heard, |mut heard| async move {
+            heard.recv().await.map(|event| (event, heard))
+        });
+        let (_confirmed, confirmations) = watch::channel(1);
+        let resume = Resume {
+            after: Some(0),
+            position: |event: &i64| *event,
+            // A read that keeps a large buffer across an await, as a read through SQL and Redis
+            // keeps its clients' futures.
+            replay: |from: i64| async move {
+                let scratch = [1u8; SCRATCH];
+                tokio::task::yield_now().await;
+                let through = from + i64::from(std::hint::black_box(scratch)[0]) - 1;
+                Ok(Replay::Events {
+                    events: Vec::new(),
+                    through,
+                })
+            },
+            buffer: 100,
+            resync: || AppError::ResyncRequired("resync"),
+        };
+        let mut stream = Box::pin(resumable(
+            heard,
+            Confirmations::new(vec![confirmations]),
+            resume,
+        ));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), stream.next())
+                .await
+                .is_err(),
+            "idle after the replay"
+        );
+        let held = std::mem::size_of_val(&*stream);
+        assert!(held < SCRATCH / 8, "{held} bytes held by an idle stream");
     }
 }
