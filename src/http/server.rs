@@ -4,15 +4,24 @@
 //! connections wait in the kernel's accept backlog), must finish its request headers within the
 //! header timeout, and between keep-alive requests may stay idle only as long again: hyper restarts
 //! the header timer as soon as a response is written.
+//!
+//! A request answered before its body was read to the end (a refusal of its type or size) is
+//! answered with `Connection: close`: hyper closes such a connection after the answer, and without
+//! the header a keep-alive client would send its next request into the closing socket and get no
+//! answer (found by `pulse-bench fuzz`, whose oversized bodies left the next case without one).
 
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::ConnectInfo;
+use axum::http::{HeaderValue, header};
+use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -194,14 +203,26 @@ async fn serve_connection(
     header_timeout: Duration,
     shutdown: CancellationToken,
 ) {
-    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let in_flight = slot.0.connections.request_started();
-        request.extensions_mut().insert(ConnectInfo(peer));
-        request.extensions_mut().insert(slot.clone());
-        let response = router.clone().oneshot(request);
+        let (mut head, body) = request.into_parts();
+        head.extensions.insert(ConnectInfo(peer));
+        head.extensions.insert(slot.clone());
+        let body = WatchedBody::new(body);
+        let read_to_end = body.read_to_end.clone();
+        let response = router
+            .clone()
+            .oneshot(hyper::Request::from_parts(head, body));
         async move {
-            let response = response.await;
+            let mut response = response.await;
             drop(in_flight);
+            if let Ok(response) = &mut response
+                && !read_to_end.load(Ordering::Relaxed)
+            {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             response
         }
     });
@@ -223,5 +244,42 @@ async fn serve_connection(
     };
     if let Err(err) = served {
         tracing::debug!(error = %err, "connection closed with an error");
+    }
+}
+
+/// A request's body that records whether it was read to its end.
+struct WatchedBody {
+    inner: Incoming,
+    read_to_end: Arc<AtomicBool>,
+}
+
+impl WatchedBody {
+    fn new(inner: Incoming) -> Self {
+        let read_to_end = Arc::new(AtomicBool::new(inner.is_end_stream()));
+        Self { inner, read_to_end }
+    }
+}
+
+impl http_body::Body for WatchedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read_to_end.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

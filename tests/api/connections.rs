@@ -171,6 +171,76 @@ async fn a_client_stalling_in_its_body_gets_a_408_and_the_connection_closed() {
     );
 }
 
+/// Sends a POST to /graphql on `stream` (its body from a task of its own, since the server may
+/// answer and close before all of it is sent) and reads the answer's head.
+async fn post_head(stream: TcpStream, content_type: &str, body: Vec<u8>) -> (String, TcpStream) {
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!(
+        "POST /graphql HTTP/1.1\r\nHost: pulse\r\nContent-Type: {content_type}\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let sending = tokio::spawn(async move {
+        let sent = async {
+            writer.write_all(head.as_bytes()).await?;
+            writer.write_all(&body).await
+        };
+        // A refused body is cut off by the server's close: that is the case under test.
+        let _ = sent.await;
+        writer
+    });
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), reader.read(&mut byte))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before answering: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.push(byte[0]);
+    }
+    let writer = sending.await.unwrap();
+    let stream = reader.reunite(writer).unwrap();
+    (
+        String::from_utf8(answer).unwrap().to_ascii_lowercase(),
+        stream,
+    )
+}
+
+#[tokio::test]
+async fn a_request_answered_before_its_body_was_read_says_the_connection_closes() {
+    let app = TestApp::spawn().await;
+    let large = vec![b'x'; 4 << 20];
+    // Refused for its type (nothing of the body read), then for its size (part of it read).
+    for (content_type, status) in [("text/plain", "415"), ("application/json", "413")] {
+        let stream = TcpStream::connect(app.addr).await.unwrap();
+        let (head, _) = post_head(stream, content_type, large.clone()).await;
+        assert!(head.starts_with(&format!("http/1.1 {status}")), "{head}");
+        assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    }
+
+    // A request whose body was read keeps its connection for the next one.
+    let query = br#"{"query":"{ __typename }"}"#.to_vec();
+    let stream = TcpStream::connect(app.addr).await.unwrap();
+    let (first, mut stream) = post_head(stream, "application/json", query.clone()).await;
+    assert!(first.starts_with("http/1.1 200"), "{first}");
+    assert!(!first.contains("connection: close"), "{first}");
+    let length: usize = first
+        .split("\r\n")
+        .find_map(|line| line.strip_prefix("content-length: "))
+        .expect("a content length")
+        .parse()
+        .unwrap();
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.unwrap();
+    let (second, _) = post_head(stream, "application/json", query).await;
+    assert!(second.starts_with("http/1.1 200"), "{second}");
+}
+
 #[tokio::test]
 async fn the_connection_cap_holds_a_flood_back_and_the_server_still_answers() {
     let cap = 20;

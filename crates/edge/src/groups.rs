@@ -527,6 +527,94 @@ mod tests {
         assert_eq!(groups.running(), 0);
     }
 
+    /// The board values a member is handed, in order, up to and with `last`.
+    async fn values_until(
+        deliveries: &mut mpsc::UnboundedReceiver<Delivery>,
+        last: i32,
+    ) -> Vec<i32> {
+        let mut values = Vec::new();
+        while values.last() != Some(&last) {
+            let payload = next(deliveries)
+                .await
+                .payload
+                .expect("a result, not the end");
+            let value = payload
+                .trim_end_matches("\"}}")
+                .rsplit(':')
+                .next()
+                .and_then(|value| value.parse().ok())
+                .unwrap_or_else(|| panic!("a board value in {payload}"));
+            values.push(value);
+        }
+        values
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fan_out_gives_every_member_each_result_once_while_others_join_and_leave() {
+        const MEMBERS: usize = 1_000;
+        const RESULTS: i32 = 20;
+        let (groups, changes) = groups();
+        let request = || board(serde_json::json!({ "factor": 1 }));
+        let mut stayers: Vec<_> = (0..MEMBERS)
+            .map(|n| {
+                let (connection, deliveries) = mpsc::unbounded_channel();
+                let membership = groups.join(request(), &n.to_string(), &connection);
+                (membership, connection, deliveries)
+            })
+            .collect();
+        listeners(&changes, 1).await;
+
+        // Joiners and leavers come and go from another task while the results are handed out.
+        let churn = {
+            let groups = groups.clone();
+            tokio::spawn(async move {
+                let mut joiners = Vec::new();
+                for n in 0..200 {
+                    let (connection, deliveries) = mpsc::unbounded_channel();
+                    let membership = groups.join(request(), &format!("j{n}"), &connection);
+                    if n % 2 == 0 {
+                        drop(membership);
+                    } else {
+                        joiners.push((membership, connection, deliveries));
+                    }
+                    tokio::task::yield_now().await;
+                }
+                joiners
+            })
+        };
+        for value in 1..=RESULTS {
+            changes.send(value).unwrap();
+            // Sent no faster than handed out, so the board's channel never skips a value.
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while stayers
+                    .iter()
+                    .any(|(_, _, deliveries)| deliveries.len() < value as usize)
+                {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("every member has the result in time");
+        }
+        let mut joiners = churn.await.unwrap();
+        // One more, which every member still in the group is handed after all the others.
+        let last = RESULTS + 1;
+        changes.send(last).unwrap();
+
+        for (_, _, deliveries) in &mut stayers {
+            assert_eq!(
+                values_until(deliveries, last).await,
+                (1..=last).collect::<Vec<_>>()
+            );
+        }
+        for (_, _, deliveries) in &mut joiners {
+            // The last result at once on joining, then each later one: no gap, no repeat.
+            let seen = values_until(deliveries, last).await;
+            assert_eq!(seen, (seen[0]..=last).collect::<Vec<_>>());
+        }
+        assert_eq!(groups.payloads(), last as u64);
+    }
+
     #[test]
     fn the_key_ignores_the_order_of_object_keys_but_nothing_else() {
         let request = |variables: &str| {
