@@ -42,6 +42,11 @@ impl GraphqlConnection {
         }
     }
 
+    /// The server it sends to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// POSTs `body` as JSON and answers the status and the whole response body.
     pub async fn post(
         &mut self,
