@@ -239,6 +239,12 @@ start_cluster() {
 
 set_up
 
+# What the tests write to files (SQLite databases, data dirs, private Redis servers' dirs: over a
+# thousand per run) goes under one directory of this run, removed at the end if every backend
+# passed; a failed run keeps it for a look.
+tests_tmp=$(mktemp -d "${TMPDIR:-/tmp}/pulse-tests.XXXXXX")
+export TMPDIR=$tests_tmp
+
 header "build (tests of the whole workspace)"
 cargo test --workspace --no-run
 
@@ -302,4 +308,9 @@ for backend in "${backends[@]}"; do
     printf '%-9s %s\n' "$backend" "${outcome[$backend]}"
     [[ ${outcome[$backend]} == passed ]] || status=1
 done
+if ((status == 0)); then
+    rm -rf "$tests_tmp"
+else
+    echo "the tests' files are kept in $tests_tmp"
+fi
 exit "$status"
