@@ -34,11 +34,11 @@ pub(crate) const SEARCH: &str = "query($q: String!, $first: Int, $after: String,
 pub(crate) const PUBLISH: &str =
     "mutation($t: String!, $b: String!) { publishArticle(input: { title: $t, body: $b }) { id } }";
 
-/// An app whose replica is stepped by the test alone after its start-up build.
-/// An app whose indexer steps only when the test steps it. Its loop still steps once at start-up,
-/// building the new replica; that build is over before this returns, since one still running could
-/// commit a position older than a test's own step over it (on PostgreSQL in CI the test's next
-/// step read again the rows its first had applied).
+/// An app whose indexer steps only when the test steps it. Its loop still steps at start-up: it
+/// builds the new replica, then looks at once for rows. The build is over before this returns: one
+/// still running could commit a position older than the test's own steps over them (on PostgreSQL
+/// in CI the test's next step read again the rows its first had applied). The look after it comes
+/// before the test has written anything, or at worst applies the rows the test's first step does.
 async fn app_stepped_by_hand() -> TestApp {
     let app = TestApp::spawn_with(|config| config.search_poll = Duration::from_secs(3600)).await;
     let indexer = indexer(&app);
