@@ -2,6 +2,7 @@
 //! resolved and serialized once per change for every socket that runs the same request, and sent
 //! as the same bytes; operations reading the viewer keep their own answers.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -451,6 +452,122 @@ async fn sse_and_multipart_streams_of_a_board_share_the_websockets_group_and_its
     drop((streams, parts));
     socket.close(None).await.unwrap();
     eventually("the group stops with its last member", async || {
+        groups(&app).running() == 0
+    })
+    .await;
+}
+
+/// A group writes its results into its members' sockets itself, from its own task, while each
+/// connection ends and starts operations from another: no result of an ended membership may reach
+/// the socket after the `complete` that ended it, even under the same id. Two workers, so that a
+/// fan-out and the connections' tasks run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_operation_hears_nothing_of_its_group_after_its_complete_while_votes_stream() {
+    const SOCKETS: usize = 300;
+    const ROUNDS: usize = 20;
+    // A short tick, so that the boards' fan-outs run all through the switches.
+    let app =
+        TestApp::spawn_with(|config| config.leaderboard_tick = Duration::from_millis(5)).await;
+    let poll = poll(&app).await;
+    let ten = json!({ "p": poll.id, "first": 10 });
+    let mut sockets = join_all(
+        (0..SOCKETS).map(|_| board_socket(&app, "graphql-transport-ws", None, "1", ten.clone())),
+    )
+    .await;
+    join_all(sockets.iter_mut().map(next_text)).await;
+    listening(&app, poll.row()).await;
+
+    // Votes keep both boards changing while every socket switches between them under one id.
+    let voters = users(&app, 500).await;
+    let switching = AtomicBool::new(true);
+    let voting = async {
+        let mut cast = 0;
+        for (_, token) in &voters {
+            if !switching.load(Ordering::Relaxed) {
+                break;
+            }
+            let response = app
+                .graphql_as(
+                    Some(token),
+                    "mutation($p: ID!, $o: ID!) { castVotes(input: { ballots: [{ pollId: $p, optionId: $o }] }) { results { accepted } } }",
+                    json!({ "p": poll.id, "o": poll.options[cast % poll.options.len()] }),
+                )
+                .await;
+            assert_eq!(
+                response["data"]["castVotes"]["results"][0]["accepted"],
+                true
+            );
+            cast += 1;
+        }
+        cast
+    };
+    let entries = |text: &str| {
+        let message: Value = serde_json::from_str(text).unwrap();
+        message["payload"]["data"]["leaderboardChanged"]["entries"]
+            .as_array()
+            .map(Vec::len)
+    };
+    let poll_id = &poll.id;
+    let switches = sockets.iter_mut().map(|socket| async move {
+        for round in 0..ROUNDS {
+            // The poll's five options: ten asked for, five shown.
+            let ((_, from), (to, to_entries)) = if round % 2 == 0 {
+                ((10, 5), (3, 3))
+            } else {
+                ((3, 3), (10, 5))
+            };
+            send(socket, json!({ "id": "1", "type": "complete" })).await;
+            // What the old membership sent before the complete may still come, then the complete.
+            loop {
+                let text = next_text(socket).await;
+                if text == r#"{"type":"complete","id":"1"}"# {
+                    break;
+                }
+                assert_eq!(entries(&text), Some(from), "before the complete: {text}");
+            }
+            subscribe(
+                socket,
+                "graphql-transport-ws",
+                "1",
+                json!({ "p": poll_id, "first": to }),
+            )
+            .await;
+            let text = next_text(socket).await;
+            assert_eq!(
+                entries(&text),
+                Some(to_entries),
+                "after the new subscribe: {text}"
+            );
+        }
+    });
+    let switched = async {
+        join_all(switches).await;
+        switching.store(false, Ordering::Relaxed);
+    };
+    let (cast, ()) = tokio::join!(voting, switched);
+    assert!(cast > 10, "votes ran through the switches: {cast}");
+    // Every socket now runs the board of ten again; the last vote reaches each, and nothing of
+    // the board of three.
+    assert_eq!(ROUNDS % 2, 0);
+    poll.vote(&app, 4).await;
+    for socket in &mut sockets {
+        loop {
+            let text = next_text(socket).await;
+            assert_eq!(entries(&text), Some(5), "{text}");
+            let message: Value = serde_json::from_str(&text).unwrap();
+            let total: f64 = message["payload"]["data"]["leaderboardChanged"]["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|entry| entry["score"].as_f64().unwrap())
+                .sum();
+            if total == (cast + 1) as f64 {
+                break;
+            }
+        }
+    }
+    drop(sockets);
+    eventually("every group stops with its last member", async || {
         groups(&app).running() == 0
     })
     .await;

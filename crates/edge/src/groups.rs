@@ -8,10 +8,15 @@
 //! member's connection data: if the viewer classification missed a field that depends on the
 //! viewer, the shared answer is the anonymous one, never another viewer's.
 //!
-//! A member joins with its connection's one channel of [`Delivery`]s, the client's id and a token
-//! of its own, so that a delivery of an old membership is told apart from one of a new operation
-//! that reuses the id. A late joiner gets the group's last result at once; the end of the group's
+//! A member joins with the [`Recipient`] its results are handed to, the client's id and a token of
+//! its own, so that a delivery of an old membership is told apart from one of a new operation that
+//! reuses the id. A late joiner gets the group's last result at once; the end of the group's
 //! stream reaches every member; a group with no member left stops its stream.
+//!
+//! A result is handed to the members the group had when it came, outside the group's lock: a
+//! recipient may write to a socket, and a fan-out to thousands of them must not hold up a joiner
+//! or a leaver. A recipient therefore tells a delivery to a membership that has just ended by its
+//! token (or its own bookkeeping) and drops it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -32,6 +37,11 @@ pub const GROUPS_RUNNING: &str = "pulse_live_groups";
 pub const GROUP_PAYLOADS: &str = "pulse_live_group_payloads_total";
 /// Shared results handed to members (a late joiner's last result included).
 pub const GROUP_DELIVERIES: &str = "pulse_live_group_deliveries_total";
+
+/// Members handed a result in one turn of the group's task before it lets the worker's other
+/// tasks run: a recipient may write to a socket (a few µs each), and a request queued behind a
+/// fan-out to 10,000 would otherwise wait for all of it.
+const FAN_OUT_TURN: usize = 256;
 
 type Run = dyn Fn(Request) -> BoxStream<'static, Response> + Send + Sync;
 
@@ -70,18 +80,35 @@ struct GroupState {
     ended: bool,
 }
 
+#[derive(Clone)]
 struct Member {
     id: Arc<str>,
-    deliveries: mpsc::UnboundedSender<Delivery>,
+    recipient: Arc<dyn Recipient>,
 }
 
 impl Member {
-    fn deliver(&self, token: u64, payload: Option<Arc<str>>) {
+    fn deliver(&self, token: u64, payload: Option<&Arc<str>>) {
+        self.recipient.deliver(&self.id, token, payload);
+    }
+}
+
+/// Where a member's results go. A result is handed over outside the group's lock; only a late
+/// joiner's last result (handed over by its own joining) and the end of the stream are handed over
+/// under it, so a recipient must not wait on anything that may be waiting to join or leave.
+pub trait Recipient: Send + Sync + 'static {
+    /// Hands operation `id` of membership `token` a serialized `Response`, or, with `None`, the
+    /// end of the group's stream.
+    fn deliver(&self, id: &Arc<str>, token: u64, payload: Option<&Arc<str>>);
+}
+
+/// A channel of [`Delivery`]s: a recipient for a transport that reads its results in its own task.
+impl Recipient for mpsc::UnboundedSender<Delivery> {
+    fn deliver(&self, id: &Arc<str>, token: u64, payload: Option<&Arc<str>>) {
         // A connection that ended has dropped its receiver; its memberships leave as it drops them.
-        let _ = self.deliveries.send(Delivery {
-            id: self.id.clone(),
+        let _ = self.send(Delivery {
+            id: id.clone(),
             token,
-            payload,
+            payload: payload.cloned(),
         });
     }
 }
@@ -143,13 +170,13 @@ impl Groups {
         })
     }
 
-    /// Joins the group of `request` (starting it if none runs) as operation `id` of the
-    /// connection whose channel is `deliveries`.
+    /// Joins the group of `request` (starting it if none runs) as operation `id`, whose results
+    /// go to `recipient`.
     pub fn join(
         self: &Arc<Self>,
         mut request: Request,
         id: &str,
-        deliveries: &mpsc::UnboundedSender<Delivery>,
+        recipient: Arc<dyn Recipient>,
     ) -> Membership {
         // Data a transport put in the request (its caller's) would win over the anonymous data.
         request.data = Data::default();
@@ -157,14 +184,14 @@ impl Groups {
         let token = self.tokens.fetch_add(1, Ordering::Relaxed);
         let member = Member {
             id: id.into(),
-            deliveries: deliveries.clone(),
+            recipient,
         };
         let mut running = lock(&self.running);
         if let Some(group) = running.get(&key) {
             let mut state = lock(&group.state);
             if !state.ended {
                 if let Some(last) = &state.last {
-                    member.deliver(token, Some(last.clone()));
+                    member.deliver(token, Some(last));
                     self.delivered(&metrics::counter!(GROUP_DELIVERIES), 1);
                 }
                 state.members.insert(token, member);
@@ -187,7 +214,11 @@ impl Groups {
         running.insert(key, group.clone());
         drop(running);
         let stream = (self.run)(request);
-        tokio::spawn(self.clone().drive(group.clone(), stream));
+        // Outside tokio's cooperative budget: a recipient that writes to its socket spends it, and
+        // past 128 writes in one turn each further one would be refused and handed back to its
+        // connection's task (woken for it), which is the cost writing from here saves.
+        let drive = self.clone().drive(group.clone(), stream);
+        tokio::spawn(tokio::task::unconstrained(drive));
         Membership {
             groups: self.clone(),
             group,
@@ -209,6 +240,9 @@ impl Groups {
             metrics::counter!(GROUP_PAYLOADS),
             metrics::counter!(GROUP_DELIVERIES),
         );
+        // The members a result goes to, taken under the lock and handed it after; kept between
+        // results for its allocation.
+        let mut audience: Vec<(u64, Member)> = Vec::new();
         loop {
             let response = tokio::select! {
                 biased;
@@ -224,12 +258,24 @@ impl Groups {
             let payload: Arc<str> = payload.into();
             payloads.increment(1);
             self.payloads.fetch_add(1, Ordering::Relaxed);
-            let mut state = lock(&group.state);
-            for (token, member) in &state.members {
-                member.deliver(*token, Some(payload.clone()));
+            {
+                let mut state = lock(&group.state);
+                audience.extend(
+                    state
+                        .members
+                        .iter()
+                        .map(|(token, member)| (*token, member.clone())),
+                );
+                state.last = Some(payload.clone());
             }
-            self.delivered(&deliveries, state.members.len() as u64);
-            state.last = Some(payload);
+            for (n, (token, member)) in audience.iter().enumerate() {
+                if n > 0 && n % FAN_OUT_TURN == 0 {
+                    tokio::task::yield_now().await;
+                }
+                member.deliver(*token, Some(&payload));
+            }
+            self.delivered(&deliveries, audience.len() as u64);
+            audience.clear();
         }
     }
 
@@ -411,6 +457,10 @@ mod tests {
             .variables(async_graphql::Variables::from_json(variables))
     }
 
+    fn to(connection: &mpsc::UnboundedSender<Delivery>) -> Arc<dyn Recipient> {
+        Arc::new(connection.clone())
+    }
+
     async fn next(deliveries: &mut mpsc::UnboundedReceiver<Delivery>) -> Delivery {
         tokio::time::timeout(Duration::from_secs(5), deliveries.recv())
             .await
@@ -436,9 +486,9 @@ mod tests {
         let (other, mut other_deliveries) = mpsc::unbounded_channel();
         let mut signed_in = board(serde_json::json!({ "factor": 2 }));
         signed_in.data.insert(Caller("a member"));
-        let first = groups.join(signed_in, "a", &one);
-        let second = groups.join(board(serde_json::json!({ "factor": 2 })), "b", &other);
-        let tripled = groups.join(board(serde_json::json!({ "factor": 3 })), "c", &other);
+        let first = groups.join(signed_in, "a", to(&one));
+        let second = groups.join(board(serde_json::json!({ "factor": 2 })), "b", to(&other));
+        let tripled = groups.join(board(serde_json::json!({ "factor": 3 })), "c", to(&other));
         assert_eq!(groups.running(), 2);
         listeners(&changes, 2).await;
 
@@ -462,12 +512,20 @@ mod tests {
     async fn a_late_joiner_gets_the_last_result_at_once_and_the_last_leaving_stops_the_stream() {
         let (groups, changes) = groups();
         let (connection, mut deliveries) = mpsc::unbounded_channel();
-        let first = groups.join(board(serde_json::json!({ "factor": 1 })), "1", &connection);
+        let first = groups.join(
+            board(serde_json::json!({ "factor": 1 })),
+            "1",
+            to(&connection),
+        );
         listeners(&changes, 1).await;
         changes.send(7).unwrap();
         let sent = next(&mut deliveries).await.payload.unwrap();
 
-        let late = groups.join(board(serde_json::json!({ "factor": 1 })), "2", &connection);
+        let late = groups.join(
+            board(serde_json::json!({ "factor": 1 })),
+            "2",
+            to(&connection),
+        );
         let at_once = deliveries
             .try_recv()
             .expect("the last result, already there");
@@ -488,8 +546,8 @@ mod tests {
         // A variable of the wrong type: the stream is one error, then its end.
         let wrong = serde_json::json!({ "factor": "two" });
         let members = [
-            groups.join(board(wrong.clone()), "1", &connection),
-            groups.join(board(wrong.clone()), "2", &connection),
+            groups.join(board(wrong.clone()), "1", to(&connection)),
+            groups.join(board(wrong.clone()), "2", to(&connection)),
         ];
         let mut received = Vec::new();
         for _ in 0..4 {
@@ -511,7 +569,11 @@ mod tests {
         assert_eq!(groups.running(), 0);
         drop(members);
 
-        let again = groups.join(board(serde_json::json!({ "factor": 1 })), "1", &connection);
+        let again = groups.join(
+            board(serde_json::json!({ "factor": 1 })),
+            "1",
+            to(&connection),
+        );
         listeners(&changes, 1).await;
         changes.send(1).unwrap();
         assert_eq!(next(&mut deliveries).await.token, again.token());
@@ -521,7 +583,11 @@ mod tests {
     async fn a_group_whose_resolver_panics_ends_for_its_members_and_leaves_the_registry() {
         let (groups, _) = groups();
         let (connection, mut deliveries) = mpsc::unbounded_channel();
-        let member = groups.join(Request::new("subscription { explode }"), "1", &connection);
+        let member = groups.join(
+            Request::new("subscription { explode }"),
+            "1",
+            to(&connection),
+        );
         let end = next(&mut deliveries).await;
         assert_eq!((end.token, end.payload), (member.token(), None));
         assert_eq!(groups.running(), 0);
@@ -558,7 +624,7 @@ mod tests {
         let mut stayers: Vec<_> = (0..MEMBERS)
             .map(|n| {
                 let (connection, deliveries) = mpsc::unbounded_channel();
-                let membership = groups.join(request(), &n.to_string(), &connection);
+                let membership = groups.join(request(), &n.to_string(), to(&connection));
                 (membership, connection, deliveries)
             })
             .collect();
@@ -571,7 +637,7 @@ mod tests {
                 let mut joiners = Vec::new();
                 for n in 0..200 {
                     let (connection, deliveries) = mpsc::unbounded_channel();
-                    let membership = groups.join(request(), &format!("j{n}"), &connection);
+                    let membership = groups.join(request(), &format!("j{n}"), to(&connection));
                     if n % 2 == 0 {
                         drop(membership);
                     } else {

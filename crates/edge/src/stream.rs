@@ -889,7 +889,7 @@ enum Resolved {
 /// The results of the group of `request`, which a stream joins alone, on a channel of its own.
 fn shared(groups: &Arc<Groups>, request: async_graphql::Request) -> BoxStream<'static, Resolved> {
     let (deliveries, received) = mpsc::unbounded_channel();
-    let membership = groups.join(request, "", &deliveries);
+    let membership = groups.join(request, "", Arc::new(deliveries));
     futures_util::stream::unfold(
         (received, membership),
         |(mut received, membership)| async move {

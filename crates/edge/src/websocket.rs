@@ -37,9 +37,11 @@
 //! Groups: with [`Settings::groups`], a snapshot operation that reads nothing of the viewer runs
 //! in the process's group of its request ([`crate::groups`]) instead of in async-graphql's stream
 //! of the socket. The driver keeps its bookkeeping as for any other (the operations gauge, the
-//! cap, 4409, the budget: a newer result replaces an unsent one), reads the results of all the
-//! socket's grouped operations from one channel, and answers a client's `complete` (`stop`) of
-//! one itself, as async-graphql would.
+//! cap, 4409, the budget: a newer result replaces an unsent one) and answers a client's `complete`
+//! (`stop`) of one itself, as async-graphql would. A group writes its results into the socket
+//! itself, through the queue every message of the socket goes through; the connection's task
+//! hears of it only when there is something for it to do (the socket did not take everything,
+//! the budget was passed, the group's stream ended).
 //!
 //! The caller upgrades the connection (offering the [`protocol`] the client asked for) and hands
 //! the socket to [`serve`] with its executor, usually an `async_graphql::Schema`, and what to do
@@ -48,8 +50,9 @@
 
 use std::any::TypeId;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
 use async_graphql::http::{ClientMessage, WebSocketProtocols, WsMessage};
@@ -59,6 +62,7 @@ use async_graphql::parser::types::{
 use async_graphql::{Data, ErrorExtensionValues, Executor, Name};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use axum::http::{HeaderMap, header};
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt as _, StreamExt as _};
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -66,7 +70,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::counted::Counted;
-use crate::groups::{Delivery, Groups, Membership};
+use crate::groups::{Groups, Membership, Recipient};
 use crate::guard;
 
 /// The code of a legacy `connection_error` for a `connection_init` refused without a code of its
@@ -190,7 +194,7 @@ pub async fn serve<E, OnInit, InitFuture>(
     OnInit: FnOnce(serde_json::Value) -> InitFuture + Send + 'static,
     InitFuture: Future<Output = async_graphql::Result<Data>> + Send + 'static,
 {
-    let (mut sink, mut stream) = socket.split();
+    let (sink, mut stream) = socket.split();
     let _open = Counted::new(metrics::gauge!(SOCKETS_OPEN));
     let session = Arc::new(Mutex::new(Session::new(protocol, &settings)));
     let on_init = {
@@ -225,9 +229,17 @@ pub async fn serve<E, OnInit, InitFuture>(
     let graphql = async_graphql::http::WebSocket::from_message_stream(executor, input, protocol)
         .on_connection_init(on_init);
     let mut graphql = std::pin::pin!(graphql);
-    // Everything the server sends waits here until the socket takes it, so that a client that
-    // does not read holds back nothing but its own queue.
-    let mut outbox = Outbox::new(settings.send_budget);
+    // Everything the server sends waits in the wire's queue until the socket takes it, so that a
+    // client that does not read holds back nothing but its own queue.
+    let wire = Arc::new(Wire {
+        protocol,
+        state: Mutex::new(WireState {
+            sink,
+            outbox: Outbox::new(settings.send_budget),
+            waker: None,
+            fault: None,
+        }),
+    });
     let mut init_deadline = std::pin::pin!(tokio::time::sleep(settings.init_timeout));
     let mut awaiting_init = true;
     let pinging = !settings.ping_interval.is_zero();
@@ -238,8 +250,8 @@ pub async fn serve<E, OnInit, InitFuture>(
     let mut awaiting_pong = false;
     let mut expiry = std::pin::pin!(tokio::time::sleep(Duration::ZERO));
     let mut expiry_armed = false;
-    // The connection's grouped operations and the one channel all their results come on, made at
-    // its first.
+    // The connection's grouped operations and the channel their groups' ends come on, made at its
+    // first.
     let mut grouped: Option<Grouped> = None;
     // Made once: the loop wakes for every message a subscriber is sent, and a fresh wait on the
     // token each time registered and dropped a waiter on it.
@@ -265,7 +277,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                     if let Some(forward) = &forward {
                         let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                     }
-                    outbox.push_ended(protocol, &id);
+                    wire.state().outbox.push_ended(protocol, &id);
                 }
             }
             (received, place) = async {
@@ -296,7 +308,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                     Admission::Forward => {}
                     Admission::Close(frame) => break Some(frame),
                     Admission::Unauthenticated(id) => {
-                        outbox.push_ended(protocol, &id);
+                        wire.state().outbox.push_ended(protocol, &id);
                         continue;
                     }
                     Admission::Join { replaces_forwarded } => {
@@ -311,25 +323,25 @@ pub async fn serve<E, OnInit, InitFuture>(
                         if let (true, Some(forward)) = (replaces_forwarded, &forward) {
                             let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                         }
-                        let grouped = grouped.get_or_insert_with(Grouped::new);
-                        let membership = groups.join(payload, &id, &grouped.sender);
-                        grouped.members.insert(id, membership);
+                        grouped
+                            .get_or_insert_with(Grouped::new)
+                            .join(groups, &wire, payload, id);
                         continue;
                     }
                     Admission::Leave(id) => {
-                        if let Some(grouped) = &mut grouped {
-                            grouped.members.remove(&id);
-                        }
+                        let left = grouped.as_mut().and_then(|grouped| grouped.leave(&id));
                         // What async-graphql sends when a client stops an operation it runs.
-                        if outbox.push(complete_message(&id), None).is_err() {
-                            break Some(slow_consumer(&mut outbox, settings.send_budget));
+                        let pushed = wire.state().outbox.push(complete_message(&id), None);
+                        drop(left);
+                        if pushed.is_err() {
+                            break Some(slow_consumer(&mut wire.state().outbox, settings.send_budget));
                         }
                         continue;
                     }
                 }
                 // A legacy `start` under a grouped id replaces that operation.
                 if let (Ok(ClientMessage::Start { id, .. }), Some(grouped)) = (&parsed, &mut grouped) {
-                    grouped.members.remove(id);
+                    grouped.leave(id);
                 }
                 if let Some(forward) = &forward {
                     let _ = forward.send((Box::new(parsed), Some(place)));
@@ -343,41 +355,33 @@ pub async fn serve<E, OnInit, InitFuture>(
                     awaiting_pong = true;
                     pong_deadline.as_mut().reset(Instant::now() + settings.pong_timeout);
                 }
-                outbox.push_ping(protocol);
+                wire.state().outbox.push_ping(protocol);
             }
-            written = std::future::poll_fn(|cx| outbox.poll_drain(&mut sink, cx)), if outbox.busy() => {
-                if written.is_err() {
-                    break None;
+            written = std::future::poll_fn(|cx| wire.poll_for_task(cx)) => match written {
+                Ok(()) => {}
+                Err(Fault::Broken) => break None,
+                Err(Fault::OverBudget) => {
+                    break Some(slow_consumer(&mut wire.state().outbox, settings.send_budget));
                 }
-            }
-            Some(delivery) = async {
+            },
+            Some((id, token)) = async {
                 match &mut grouped {
-                    Some(grouped) => grouped.receiver.recv().await,
+                    Some(grouped) => grouped.ended.recv().await,
                     None => std::future::pending().await,
                 }
             } => {
                 let Some(grouped) = &mut grouped else { continue };
-                let current = grouped
-                    .members
-                    .get(&*delivery.id)
-                    .is_some_and(|membership| membership.token() == delivery.token);
-                // A delivery of a membership that ended: the id may run a newer operation now.
-                if !current {
+                // The end of a membership that ended first on this side: the id may run a newer
+                // operation now.
+                if !grouped.is_current(&id, token) {
                     continue;
                 }
-                let pushed = match delivery.payload {
-                    Some(payload) => {
-                        let text = shared_message(protocol, &delivery.id, &payload);
-                        outbox.push(text, Some(delivery.id.to_string()))
-                    }
-                    None => {
-                        grouped.members.remove(&*delivery.id);
-                        lock(&session).stop(&delivery.id);
-                        outbox.push(complete_message(&delivery.id), None)
-                    }
-                };
+                let left = grouped.leave(&id);
+                lock(&session).stop(&id);
+                let pushed = wire.state().outbox.push(complete_message(&id), None);
+                drop(left);
                 if pushed.is_err() {
-                    break Some(slow_consumer(&mut outbox, settings.send_budget));
+                    break Some(slow_consumer(&mut wire.state().outbox, settings.send_budget));
                 }
             }
             message = graphql.next() => match message {
@@ -391,9 +395,11 @@ pub async fn serve<E, OnInit, InitFuture>(
                         expiry.as_mut().reset(Instant::now() + left);
                         expiry_armed = true;
                     }
+                    let mut state = wire.state();
+                    let outbox = &mut state.outbox;
                     let pushed = match outgoing {
                         Outgoing::Send(text) => outbox.push(text, None),
-                        Outgoing::Snapshot(text, id) => outbox.push(text, Some(id)),
+                        Outgoing::Snapshot(text, id) => outbox.push(text, Some(id.into())),
                         Outgoing::Event { text, id, cursor } => {
                             if outbox.push(text, None).is_ok() {
                                 lock(&session).queued(&id, cursor);
@@ -412,7 +418,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                         Outgoing::Drop => continue,
                     };
                     if pushed.is_err() {
-                        break Some(slow_consumer(&mut outbox, settings.send_budget));
+                        break Some(slow_consumer(outbox, settings.send_budget));
                     }
                 }
                 Some(WsMessage::Close(code, reason)) => {
@@ -425,16 +431,23 @@ pub async fn serve<E, OnInit, InitFuture>(
             },
         }
     };
-    // Leaving the groups now, rather than after the close, spares them delivering to a connection
-    // that will not read it.
+    // Leaving the groups now, rather than after the close, spares them writing to a connection
+    // that will not read it, and puts nothing of theirs after the close.
+    if let Some(grouped) = &mut grouped {
+        grouped.leave_all();
+    }
     drop(grouped);
     let Some(close) = close else { return };
-    outbox.push_close(close);
+    wire.state().outbox.push_close(close);
     // The close waits behind what the network already holds, which a slow client may take a
     // while to read; one that reads nothing holds it no longer than a silent one is kept.
     let closed = tokio::time::timeout(
         settings.pong_timeout.max(CLOSE_REPLY_WAIT),
-        std::future::poll_fn(|cx| outbox.poll_drain(&mut sink, cx)),
+        std::future::poll_fn(|cx| {
+            let mut state = wire.state();
+            let WireState { sink, outbox, .. } = &mut *state;
+            outbox.poll_drain(sink, cx)
+        }),
     )
     .await;
     if matches!(closed, Ok(Ok(()))) {
@@ -449,20 +462,170 @@ pub async fn serve<E, OnInit, InitFuture>(
     }
 }
 
-/// The operations of a connection that run in groups, by id, and the channel of their results.
+/// The connection's socket and what waits for it, shared by the connection's task with the groups
+/// its operations are members of. A group writes its result into the socket itself rather than
+/// wake the task for each message: with thousands of members, the wake-up and the task's poll
+/// cost as much as the write. The task is woken only for what is its to do: the rest of a message
+/// the socket did not take at once, a budget passed, a broken socket.
+struct Wire {
+    protocol: WebSocketProtocols,
+    state: Mutex<WireState>,
+}
+
+struct WireState {
+    sink: SplitSink<WebSocket, Message>,
+    outbox: Outbox,
+    /// The connection's task, as it last waited.
+    waker: Option<Waker>,
+    /// What a group's write left for the task.
+    fault: Option<Fault>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// A group's result past the budget, with no unsent one of its operation to replace.
+    OverBudget,
+    /// The socket failed a write.
+    Broken,
+}
+
+impl Wire {
+    fn state(&self) -> MutexGuard<'_, WireState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The task's side: notes the task to wake, reports what a group's write left for it, and
+    /// moves what waits into the socket. Pending while nothing waits.
+    fn poll_for_task(&self, cx: &mut Context<'_>) -> Poll<Result<(), Fault>> {
+        let mut state = self.state();
+        let state = &mut *state;
+        if !state
+            .waker
+            .as_ref()
+            .is_some_and(|waker| waker.will_wake(cx.waker()))
+        {
+            state.waker = Some(cx.waker().clone());
+        }
+        if let Some(fault) = state.fault {
+            return Poll::Ready(Err(fault));
+        }
+        if !state.outbox.busy() {
+            return Poll::Pending;
+        }
+        std::task::ready!(state.outbox.poll_drain(&mut state.sink, cx))
+            .map_err(|_| Fault::Broken)?;
+        Poll::Ready(Ok(()))
+    }
+
+    /// A group's side: queues its result for `seat`'s operation, replacing an unsent one, and
+    /// writes what the socket takes now. What it does not take, the socket wakes the task for.
+    fn write_shared(&self, seat: &Seat, id: &Arc<str>, payload: &str) {
+        let text = shared_message(self.protocol, id, payload);
+        let mut state = self.state();
+        // Read under the lock, which the task takes after clearing it to queue what follows the
+        // end: nothing of an ended membership comes after that.
+        if !seat.current.load(Ordering::Relaxed) || state.fault.is_some() {
+            return;
+        }
+        let state = &mut *state;
+        let fault = if state.outbox.push(text, Some(id.clone())).is_err() {
+            Some(Fault::OverBudget)
+        } else if let Some(waker) = &state.waker {
+            let mut cx = Context::from_waker(waker);
+            match state.outbox.poll_drain(&mut state.sink, &mut cx) {
+                Poll::Ready(Err(_)) => Some(Fault::Broken),
+                Poll::Ready(Ok(())) | Poll::Pending => None,
+            }
+        } else {
+            None
+        };
+        if let Some(fault) = fault {
+            state.fault = Some(fault);
+            if let Some(waker) = &state.waker {
+                waker.wake_by_ref();
+            }
+        }
+    }
+}
+
+/// A grouped operation's place on its connection.
+struct Seat {
+    wire: Arc<Wire>,
+    ends: mpsc::UnboundedSender<(Arc<str>, u64)>,
+    /// Cleared by the task when the operation ends on its side; its group's results then go
+    /// nowhere.
+    current: AtomicBool,
+}
+
+impl Recipient for Seat {
+    fn deliver(&self, id: &Arc<str>, token: u64, payload: Option<&Arc<str>>) {
+        match payload {
+            Some(payload) => self.wire.write_shared(self, id, payload),
+            // The end of the group's stream ends the operation, which is the task's bookkeeping.
+            None => {
+                let _ = self.ends.send((id.clone(), token));
+            }
+        }
+    }
+}
+
+/// The operations of a connection that run in groups, by id, and the channel of their groups'
+/// ends.
 struct Grouped {
-    sender: mpsc::UnboundedSender<Delivery>,
-    receiver: mpsc::UnboundedReceiver<Delivery>,
-    members: HashMap<String, Membership>,
+    ends: mpsc::UnboundedSender<(Arc<str>, u64)>,
+    ended: mpsc::UnboundedReceiver<(Arc<str>, u64)>,
+    members: HashMap<String, (Membership, Arc<Seat>)>,
 }
 
 impl Grouped {
     fn new() -> Self {
-        let (sender, receiver) = mpsc::unbounded_channel();
+        let (ends, ended) = mpsc::unbounded_channel();
         Self {
-            sender,
-            receiver,
+            ends,
+            ended,
             members: HashMap::new(),
+        }
+    }
+
+    fn join(
+        &mut self,
+        groups: &Arc<Groups>,
+        wire: &Arc<Wire>,
+        request: async_graphql::Request,
+        id: String,
+    ) {
+        let seat = Arc::new(Seat {
+            wire: wire.clone(),
+            ends: self.ends.clone(),
+            current: AtomicBool::new(true),
+        });
+        // A legacy `start` may replace a grouped operation under its id: nothing of the old one
+        // may follow the new one's first result, which joining may write at once.
+        let replaced = self.leave(&id);
+        let membership = groups.join(request, &id, seat.clone());
+        self.members.insert(id, (membership, seat));
+        drop(replaced);
+    }
+
+    fn is_current(&self, id: &str, token: u64) -> bool {
+        self.members
+            .get(id)
+            .is_some_and(|(membership, _)| membership.token() == token)
+    }
+
+    /// Ends operation `id`'s membership: from now on its group's results go nowhere. The caller
+    /// drops the membership (which locks its group) once it no longer holds the wire.
+    fn leave(&mut self, id: &str) -> Option<Membership> {
+        let (membership, seat) = self.members.remove(id)?;
+        seat.current.store(false, Ordering::Relaxed);
+        Some(membership)
+    }
+
+    fn leave_all(&mut self) {
+        for (_, seat) in self.members.values() {
+            seat.current.store(false, Ordering::Relaxed);
         }
     }
 }
@@ -527,7 +690,7 @@ impl Drop for Outbox {
 struct Queued {
     message: Message,
     /// The operation whose snapshot this is: a newer one replaces it while it waits.
-    snapshot_of: Option<String>,
+    snapshot_of: Option<Arc<str>>,
 }
 
 /// A message past the budget, which could replace nothing.
@@ -552,7 +715,7 @@ impl Outbox {
     }
 
     /// Queues `text`; a snapshot replaces the unsent one of its operation, in its place.
-    fn push(&mut self, text: String, snapshot_of: Option<String>) -> Result<(), OverBudget> {
+    fn push(&mut self, text: String, snapshot_of: Option<Arc<str>>) -> Result<(), OverBudget> {
         let text = exact_size(text);
         if let Some(id) = &snapshot_of {
             let waiting = self
