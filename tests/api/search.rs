@@ -673,6 +673,26 @@ async fn upsert_all(index: &EmbeddedIndex, title: &str, through: i64) {
         .unwrap();
 }
 
+/// Opens the index in `dir` once the last writer on it has let go of the directory's lock. In one
+/// CI run on a loaded machine, an open right after the previous round's index was dropped found the
+/// lock still held (tantivy's `LockBusy`); what this test checks is the rebuild, not how soon the lock
+/// goes, so it waits for it, a bounded while.
+async fn open_when_free(dir: &std::path::Path) -> EmbeddedIndex {
+    let started = tokio::time::Instant::now();
+    loop {
+        match EmbeddedIndex::open(dir) {
+            Ok(index) => return index,
+            Err(error)
+                if format!("{error:#}").contains("LockBusy")
+                    && started.elapsed() < std::time::Duration::from_secs(30) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("cannot open the index: {error:#}"),
+        }
+    }
+}
+
 /// What `pulse rebuild search` does to a replica that has applied outbox rows since its process
 /// opened it: the updates, then a clear and every article again, in one writer. Each round opens
 /// the index anew, as a restarted process would. The loss this guards against depends on how
@@ -690,7 +710,7 @@ async fn a_rebuild_after_updates_in_the_same_process_keeps_every_document() {
         .map(|id| article_doc(id, "rebuilt"))
         .collect();
     for round in 0..60 {
-        let index = EmbeddedIndex::open(&dir).unwrap();
+        let index = open_when_free(&dir).await;
         upsert_all(&index, "updated", 2 * round + 1).await;
         index.clear().await.unwrap();
         upsert_all(&index, "rebuilt", 2 * round + 2).await;
