@@ -675,8 +675,10 @@ async fn upsert_all(index: &EmbeddedIndex, title: &str, through: i64) {
 
 /// Opens the index in `dir` once the last writer on it has let go of the directory's lock. In one
 /// CI run on a loaded machine, an open right after the previous round's index was dropped found the
-/// lock still held (tantivy's `LockBusy`); what this test checks is the rebuild, not how soon the lock
-/// goes, so it waits for it, a bounded while.
+/// lock still held (tantivy's `LockBusy`), though tantivy releases it as its writer drops. The
+/// likely holder: a process another test of this binary was starting (a Redis or a server), whose
+/// fork copies every open descriptor, the lock's file among them, until its exec closes them. What
+/// this test checks is the rebuild, not how soon the lock goes, so it waits for it, a bounded while.
 async fn open_when_free(dir: &std::path::Path) -> EmbeddedIndex {
     let started = tokio::time::Instant::now();
     loop {
