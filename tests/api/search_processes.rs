@@ -344,13 +344,14 @@ async fn a_server_killed_during_a_count_stream_leaves_a_replica_that_resumes_to_
             })
         })
         .collect();
-    // The clients' 200,000 mutations last far longer; on a loaded CI machine (SQLite, the whole
-    // suite at once) the first hundred rows once took more than the usual 30 s to be applied.
+    // Killed once rows flow, while the clients' 200,000 mutations still run. On a slow CI machine
+    // running the whole suite at once, a hundred rows took more than 30 s to be applied on three
+    // backends of four; twenty within two minutes still puts the kill mid-stream.
     eventually_within(
         Duration::from_secs(120),
-        "the replica has applied a hundred count rows",
+        "the replica has applied twenty count rows",
         async || {
-            counter(&http, port, "pulse_search_rows_applied_total").await >= applied_before + 100.0
+            counter(&http, port, "pulse_search_rows_applied_total").await >= applied_before + 20.0
         },
     )
     .await;
