@@ -776,10 +776,11 @@ async fn upgrade<E: Executor, H: RequestHook>(
     serve_socket(endpoint, upgrade, protocol, admission)
 }
 
-/// tungstenite reserves a socket's whole read buffer up front (128 KiB by default, most of what an
-/// idle subscriber cost: 146 KiB each at 10,000 in Pulse's bench). What a client sends is small
-/// (connection_init, subscribe, pong), and a larger message still grows it.
-const WEBSOCKET_READ_BUFFER: usize = 4 * 1024;
+/// tungstenite reserves a socket's whole read buffer up front and keeps it for the socket's life
+/// (128 KiB by default, most of what an idle subscriber cost: 146 KiB each at 10,000 in Pulse's
+/// bench). What a client sends is small (connection_init with its token, subscribe, pong: a few
+/// hundred bytes each); a larger message grows this socket's buffer and is read in a few more calls.
+const WEBSOCKET_READ_BUFFER: usize = 1024;
 /// Messages out are written through once this much is buffered (128 KiB by default); a snapshot is
 /// a few hundred bytes, so a small buffer still batches a burst.
 const WEBSOCKET_WRITE_BUFFER: usize = 8 * 1024;
