@@ -1,12 +1,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures_util::{FutureExt as _, Stream, StreamExt as _};
 use pulse_kit::actor::Actor;
 use singleflight_async::SingleFlight;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::FeedStore;
 use crate::accounts::TokenSigner;
@@ -84,7 +85,7 @@ const REBUILD_LOCK: Duration = Duration::from_secs(10);
 /// Rebuilds of one read sent back by follow changes before the read gives up and uses SQL.
 const REBUILD_ATTEMPTS: usize = 3;
 
-/// How long an online marker lives; the subscription holding it renews it three times as often.
+/// How long an online marker lives; the process renews its subscribers' markers three times as often.
 const ONLINE_TTL: Duration = Duration::from_secs(30);
 
 /// Announcements a `feedItemAdded` may fall behind on its viewer's own channel before it skips
@@ -145,13 +146,17 @@ enum Rebuild {
     Elsewhere,
 }
 
+/// One pointer wide: a live subscriber's stream holds a clone for as long as it lives.
 #[derive(Clone)]
-pub struct FeedService {
+pub struct FeedService(Arc<Shared>);
+
+struct Shared {
     store: FeedStore,
     tokens: Arc<TokenSigner>,
     hub: Hub,
     rebuilds: Arc<SingleFlight<i64, SharedResult<Rebuild>>>,
     live_articles: LiveArticles,
+    presences: Presences,
 }
 
 /// A live item's article and the subscriber it goes to, and where its row (or none: deleted, or
@@ -223,27 +228,28 @@ impl LiveArticles {
 
 impl FeedService {
     pub fn new(store: FeedStore, tokens: Arc<TokenSigner>, hub: Hub) -> Self {
-        Self {
+        Self(Arc::new(Shared {
             live_articles: LiveArticles::new(store.clone()),
+            presences: Presences::default(),
             store,
             tokens,
             hub,
             rebuilds: Arc::default(),
-        }
+        }))
     }
 
     /// Reloads the outboxes and audiences from SQL: `pulse rebuild feed`.
     pub async fn rebuild_all(&self) -> AppResult<super::upkeep::Rebuilt> {
-        super::upkeep::rebuild(&self.store).await
+        super::upkeep::rebuild(&self.0.store).await
     }
 
     /// Removes the feed keys nothing will use again: `pulse feed vacuum`.
     pub async fn vacuum(&self) -> AppResult<super::upkeep::Vacuumed> {
-        super::upkeep::vacuum(&self.store).await
+        super::upkeep::vacuum(&self.0.store).await
     }
 
     pub fn store(&self) -> &FeedStore {
-        &self.store
+        &self.0.store
     }
 
     fn position(&self, viewer: i64, article: i64, mark: Option<Mark>) -> Position<FeedKey> {
@@ -256,7 +262,7 @@ impl FeedService {
         };
         Position {
             key: FeedKey {
-                tag: self.tokens.tag(message.as_bytes()),
+                tag: self.0.tokens.tag(message.as_bytes()),
                 mark,
             },
             id: article,
@@ -326,7 +332,7 @@ impl FeedService {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let found = self.store.followed_articles(viewer, ids).await?;
+        let found = self.0.store.followed_articles(viewer, ids).await?;
         let mut by_id: HashMap<i64, articles::Model> =
             found.into_iter().map(|row| (row.id, row)).collect();
         Ok(ids.iter().filter_map(|id| by_id.remove(id)).collect())
@@ -338,15 +344,18 @@ impl FeedService {
     /// and for an outbox the lowest it holds, or 0 when it holds the whole history. Above the
     /// highest floor the merge is exact; below it, SQL continues.
     async fn candidates(&self, viewer: i64, below: i64, limit: u64) -> AppResult<Candidates> {
-        let (inbox, regenerating) = match self.read_inbox(viewer, below, limit).await? {
+        let (inbox, regenerating) = match read_inbox(&self.0.store, viewer, below, limit).await? {
             Some(inbox) => (Some(inbox), false),
             None => match self.rebuild(viewer).await? {
-                Rebuild::Ready => (self.read_inbox(viewer, below, limit).await?, false),
+                Rebuild::Ready => (
+                    read_inbox(&self.0.store, viewer, below, limit).await?,
+                    false,
+                ),
                 Rebuild::Elsewhere => (None, true),
             },
         };
         let Some(inbox) = inbox else {
-            let ids = self.store.sql_feed(viewer, below, limit).await?;
+            let ids = self.0.store.sql_feed(viewer, below, limit).await?;
             return Ok(Candidates {
                 exhausted: (ids.len() as u64) < limit,
                 ids,
@@ -364,9 +373,9 @@ impl FeedService {
         let mut floor = floor_of(&inbox.ids, inbox.floor);
         let journal = Some(inbox.journal);
         let mut merged: Vec<i64> = inbox.ids;
-        let celebrities = self.store.followed_celebrities(viewer).await?;
+        let celebrities = self.0.store.followed_celebrities(viewer).await?;
         for celebrity in celebrities {
-            let (ids, coverage) = self.store.outbox_page(celebrity, below, limit).await?;
+            let (ids, coverage) = self.0.store.outbox_page(celebrity, below, limit).await?;
             let outbox_floor = if coverage.complete {
                 0
             } else if coverage.lowest > 0 {
@@ -384,7 +393,7 @@ impl FeedService {
         let mut exhausted = floor == 0 && (merged.len() as u64) < limit;
         if (merged.len() as u64) < limit && floor > 0 {
             let more = limit - merged.len() as u64;
-            let older = self.store.sql_feed(viewer, floor, more).await?;
+            let older = self.0.store.sql_feed(viewer, floor, more).await?;
             metrics::counter!("pulse_feed_sql_reads_total").increment(1);
             exhausted = (older.len() as u64) < more;
             merged.extend(older);
@@ -397,38 +406,12 @@ impl FeedService {
         })
     }
 
-    async fn read_inbox(&self, viewer: i64, below: i64, limit: u64) -> AppResult<Option<Inbox>> {
-        let keys = self.store.redis.keys.feed_user(viewer);
-        let max = if below == i64::MAX {
-            "+inf".to_owned()
-        } else {
-            format!("({below}")
-        };
-        let mut conn = self.store.redis.conn.clone();
-        let reply: Vec<i64> = SCRIPTS
-            .feed_read
-            .key(keys.inbox())
-            .key(keys.journal())
-            .arg(max)
-            .arg(limit)
-            .arg(self.store.settings.inbox_ttl.as_millis() as u64)
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(match reply[..] {
-            [1, floor, epoch, head, ..] => Some(Inbox {
-                floor,
-                journal: Journal { epoch, head },
-                ids: reply[4..].to_vec(),
-            }),
-            _ => None,
-        })
-    }
-
     /// Rebuilds `viewer`'s missing inbox by pull; concurrent readers in this process share one
     /// rebuild, and other processes find the lock held.
     async fn rebuild(&self, viewer: i64) -> AppResult<Rebuild> {
         let work = || async { self.rebuild_now(viewer).await.map_err(AppError::shared) };
-        self.rebuilds
+        self.0
+            .rebuilds
             .work(viewer, work)
             .await
             .map_err(AppError::Shared)
@@ -449,7 +432,7 @@ impl FeedService {
 
     /// One rebuild; `None` when it must start over.
     async fn rebuild_once(&self, viewer: i64) -> AppResult<Option<Rebuild>> {
-        let store = &self.store;
+        let store = &self.0.store;
         let keys = store.redis.keys.feed_user(viewer);
         let token = format!("{:016x}", rand::random::<u64>());
         let mut conn = store.redis.conn.clone();
@@ -519,7 +502,7 @@ impl FeedService {
     /// inbox, the celebrities' outboxes, SQL below the inbox's floor), so an inbox rebuilt or
     /// trimmed since still replays exactly; `None` past the replay limit.
     async fn since(&self, viewer: i64, after: i64) -> AppResult<Option<Vec<articles::Model>>> {
-        let limit = self.store.settings.replay_limit as usize;
+        let limit = self.0.store.settings.replay_limit as usize;
         let mut below = i64::MAX;
         let mut rows: Vec<articles::Model> = Vec::new();
         loop {
@@ -554,14 +537,14 @@ impl FeedService {
         epoch: i64,
         position: i64,
     ) -> AppResult<Option<(i64, Vec<(i64, i64)>)>> {
-        let keys = self.store.redis.keys.feed_user(viewer);
-        let mut conn = self.store.redis.conn.clone();
+        let keys = self.0.store.redis.keys.feed_user(viewer);
+        let mut conn = self.0.store.redis.conn.clone();
         let reply: Vec<i64> = SCRIPTS
             .journal_read
             .key(keys.journal())
             .arg(epoch)
             .arg(position)
-            .arg(self.store.settings.replay_limit)
+            .arg(self.0.store.settings.replay_limit)
             .invoke_async(&mut conn)
             .await?;
         Ok(match reply[..] {
@@ -627,7 +610,7 @@ impl FeedService {
             },
             row: rows.remove(&id),
         }));
-        if events.len() > self.store.settings.replay_limit as usize {
+        if events.len() > self.0.store.settings.replay_limit as usize {
             return Ok(Replay::Unreachable);
         }
         Ok(Replay::Events { events, through })
@@ -636,11 +619,11 @@ impl FeedService {
     /// Opens `viewer`'s journal beside their inbox (rebuilt first when missing: only an inbox
     /// that exists gets fan-out writes, and announcements come from those).
     async fn open_journal(&self, viewer: i64) -> AppResult<Journal> {
-        if let Some(inbox) = self.read_inbox(viewer, i64::MAX, 1).await? {
+        if let Some(inbox) = read_inbox(&self.0.store, viewer, i64::MAX, 1).await? {
             return Ok(inbox.journal);
         }
         self.rebuild(viewer).await?;
-        match self.read_inbox(viewer, i64::MAX, 1).await? {
+        match read_inbox(&self.0.store, viewer, i64::MAX, 1).await? {
             Some(inbox) => Ok(inbox.journal),
             None => Err(AppError::ResyncRequired(REBUILDING)),
         }
@@ -679,20 +662,21 @@ impl FeedService {
             }
             Some((id, mark)) => (mark.position, mark.page.then_some(id)),
         };
-        let keys = &self.store.redis.keys;
-        let own = self.hub.subscribe_buffered(
+        let keys = &self.0.store.redis.keys;
+        let own = self.0.hub.subscribe_buffered(
             keys.feed_channel(viewer),
             Sharding::Sharded,
             VIEWER_BUFFER,
         );
         let celebrities: Vec<_> = self
+            .0
             .store
             .followed_celebrities(viewer)
             .await?
             .into_iter()
             .map(|author| {
                 let channel = keys.feed_author_channel(author);
-                (author, self.hub.subscribe_as(channel, Sharding::Sharded))
+                (author, self.0.hub.subscribe_as(channel, Sharding::Sharded))
             })
             .collect();
         let mut confirmations = vec![own.confirmations()];
@@ -703,7 +687,7 @@ impl FeedService {
                 .map(move |payload| Heard::Celebrity(author, payload))
                 .boxed()
         }));
-        let presence = Presence::start(self.clone(), viewer).await?;
+        let presence = self.0.presences.hold(&self.0.store, viewer).await?;
         let service = self.clone();
         // Each item's work is boxed, so that the stream holds its space only while an item is
         // read, not for as long as the subscriber is idle.
@@ -717,7 +701,7 @@ impl FeedService {
                         if of != epoch {
                             return Some(Err(AppError::ResyncRequired(JOURNAL_RENEWED)));
                         }
-                        let row = match service.live_articles.read(viewer, article).await {
+                        let row = match service.0.live_articles.read(viewer, article).await {
                             Ok(row) => row,
                             Err(err) => return Some(Err(err)),
                         };
@@ -733,6 +717,7 @@ impl FeedService {
                         // Announced back on the viewer's channel, with its position, unless
                         // another of the viewer's subscriptions delivered it first.
                         let delivered = service
+                            .0
                             .store
                             .deliver(author, &[article], &[viewer], true)
                             .await;
@@ -754,7 +739,7 @@ impl FeedService {
                 let page_above = page_above.take();
                 async move { history.replay(viewer, epoch, from, page_above).await }
             },
-            buffer: self.store.settings.replay_limit as usize,
+            buffer: self.0.store.settings.replay_limit as usize,
             resync: || AppError::ResyncRequired(TOO_FAR_BEHIND),
         };
         let service = self.clone();
@@ -805,35 +790,80 @@ enum Heard {
     Celebrity(i64, Arc<[u8]>),
 }
 
-/// Keeps a user's online marker alive until dropped (with the subscription that holds it).
-struct Presence {
-    stop: tokio_util::sync::CancellationToken,
+/// The users holding a `feedItemAdded` subscription in this process, by how many, whose online
+/// markers (and inboxes and journals) one task renews for all of them: a subscriber costs an entry
+/// here, not a task and a timer of its own, and a user with several subscriptions is renewed once.
+#[derive(Default)]
+struct Presences {
+    online: Online,
+    /// The renewing task, started by the first subscriber from inside the runtime; dropping the
+    /// service stops it.
+    renewing: OnceLock<DropGuard>,
 }
 
-impl Presence {
+/// The users online through this process, with how many subscriptions each.
+type Online = Arc<Mutex<HashMap<i64, usize>>>;
+
+/// Renewals in flight at once: a pass over 10,000 subscribers is a few hundred round trips deep,
+/// well within a renewal period, without a burst of 10,000 commands at Redis.
+const RENEWALS_IN_FLIGHT: usize = 32;
+
+impl Presences {
     /// Marks `user` online before returning, so that every item fanned out from then on is
     /// announced (a resumed stream reads its history after this), and keeps the marker alive, and
-    /// the inbox and journal with it: a subscriber is an active reader even when it reads no page.
-    async fn start(service: FeedService, user: i64) -> AppResult<Self> {
-        let key = service.store.redis.keys.feed_user(user).online();
-        mark_online(&service.store, &key).await?;
-        let stop = tokio_util::sync::CancellationToken::new();
-        let stopped = stop.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(ONLINE_TTL / 3) => {}
-                    _ = stopped.cancelled() => break,
-                }
-                if let Err(err) = mark_online(&service.store, &key).await {
-                    tracing::warn!(error = %err, "cannot renew a feed subscriber's online marker");
-                }
-                if let Err(err) = service.read_inbox(user, i64::MAX, 1).await {
-                    tracing::warn!(error = %err, "cannot renew a feed subscriber's inbox");
-                }
-            }
+    /// the inbox and journal with it, until the returned presence is dropped: a subscriber is an
+    /// active reader even when it reads no page.
+    async fn hold(&self, store: &FeedStore, user: i64) -> AppResult<Presence> {
+        let key = store.redis.keys.feed_user(user).online();
+        mark_online(store, &key).await?;
+        *lock(&self.online).entry(user).or_default() += 1;
+        self.renewing.get_or_init(|| {
+            let stop = CancellationToken::new();
+            let renewing = Self::renew(store.clone(), self.online.clone());
+            let stopped = stop.clone();
+            tokio::spawn(async move { stopped.run_until_cancelled(renewing).await });
+            stop.drop_guard()
         });
-        Ok(Self { stop })
+        Ok(Presence(Box::new((self.online.clone(), user))))
+    }
+
+    async fn renew(store: FeedStore, online: Online) {
+        loop {
+            tokio::time::sleep(ONLINE_TTL / 3).await;
+            let users: Vec<i64> = lock(&online).keys().copied().collect();
+            futures_util::stream::iter(users)
+                .for_each_concurrent(RENEWALS_IN_FLIGHT, |user| {
+                    let store = &store;
+                    async move {
+                        let key = store.redis.keys.feed_user(user).online();
+                        if let Err(err) = mark_online(store, &key).await {
+                            tracing::warn!(error = %err, "cannot renew a feed subscriber's online marker");
+                        }
+                        if let Err(err) = read_inbox(store, user, i64::MAX, 1).await {
+                            tracing::warn!(error = %err, "cannot renew a feed subscriber's inbox");
+                        }
+                    }
+                })
+                .await;
+        }
+    }
+}
+
+/// A subscription's share of its user's presence; the user stays online (until the marker
+/// expires) while any share is held. One pointer wide: it lives in the subscription's stream,
+/// whose every byte an idle subscriber keeps.
+struct Presence(Box<(Online, i64)>);
+
+impl Drop for Presence {
+    fn drop(&mut self) {
+        let (online, user) = &*self.0;
+        let mut online = lock(online);
+        if let Some(held) = online.get_mut(user) {
+            *held -= 1;
+            if *held == 0 {
+                online.remove(user);
+            }
+        }
     }
 }
 
@@ -848,8 +878,42 @@ async fn mark_online(store: &FeedStore, key: &str) -> redis::RedisResult<()> {
         .await
 }
 
-impl Drop for Presence {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The inbox of `viewer` below `below` (exclusive; `i64::MAX` for its top), at most `limit` ids,
+/// renewing its and its journal's lives; `None` when it does not exist.
+async fn read_inbox(
+    store: &FeedStore,
+    viewer: i64,
+    below: i64,
+    limit: u64,
+) -> AppResult<Option<Inbox>> {
+    let keys = store.redis.keys.feed_user(viewer);
+    let max = if below == i64::MAX {
+        "+inf".to_owned()
+    } else {
+        format!("({below}")
+    };
+    let mut conn = store.redis.conn.clone();
+    let reply: Vec<i64> = SCRIPTS
+        .feed_read
+        .key(keys.inbox())
+        .key(keys.journal())
+        .arg(max)
+        .arg(limit)
+        .arg(store.settings.inbox_ttl.as_millis() as u64)
+        .invoke_async(&mut conn)
+        .await?;
+    Ok(match reply[..] {
+        [1, floor, epoch, head, ..] => Some(Inbox {
+            floor,
+            journal: Journal { epoch, head },
+            ids: reply[4..].to_vec(),
+        }),
+        _ => None,
+    })
 }

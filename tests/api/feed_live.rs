@@ -155,3 +155,45 @@ async fn an_article_published_while_redis_is_down_reaches_inboxes_and_subscriber
     app.stop().await.unwrap();
     own.stop().await;
 }
+
+/// Milliseconds `user`'s online marker has left to live.
+async fn online_for(app: &TestApp, user: i64) -> i64 {
+    let mut conn = app.state.redis.conn.clone();
+    redis::cmd("PTTL")
+        .arg(app.state.redis.keys.feed_user(user).online())
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_users_online_marker_is_renewed_while_any_of_their_subscriptions_lives_and_left_to_expire_after()
+ {
+    let app = TestApp::spawn().await;
+    let user = users(&app, "presence", 1).await[0];
+    let first = subscribed(&app, user).await;
+    let second = subscribed(&app, user).await;
+    // The process renews every marker a third of its 30 s life after the first subscriber, then
+    // as often again: 12 s on, a marker set when the second subscribed (and not renewed since)
+    // would have 18 s left, a renewed one more than 20.
+    drop(first);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let held = online_for(&app, user).await;
+    assert!(
+        held > 20_000,
+        "the user of a live subscription was not renewed: {held} ms left"
+    );
+
+    drop(second);
+    let channel = app.state.redis.keys.feed_channel(user);
+    eventually("the last subscription has ended", async || {
+        redis_subscribers(&app, &channel).await == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let left = online_for(&app, user).await;
+    assert!(
+        (0..=20_000).contains(&left),
+        "the marker of a user with no subscription was renewed, or is gone early: {left} ms left"
+    );
+}
