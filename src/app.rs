@@ -156,10 +156,7 @@ impl App {
         let validations = Arc::new(ValidationTally::default());
         let registry = Arc::new(services.registry());
         let schema = schema::build(limits, registry.clone(), validations.clone());
-        let groups = Groups::new(schema.clone(), {
-            let registry = registry.clone();
-            move || schema::anonymous_request_data(&registry)
-        });
+        let groups = Groups::new(schema.clone(), schema::anonymous_request_data);
         let state = AppState {
             db,
             redis,

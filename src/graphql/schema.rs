@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use async_graphql::Schema;
 use pulse_edge::pipeline::{DocumentGuard, OperationMetrics, QueryLimitsCheck, RequestPipeline};
-use pulse_kit::{Actor, Loaders, Registry};
+use pulse_kit::{Actor, FreshLoaders, Registry};
 
 use super::order::SchemaTypes;
 use super::validated::ValidationTally;
@@ -21,23 +21,22 @@ pub fn reads_viewer(field: &str) -> bool {
     field.starts_with("viewer") || matches!(field, "feed" | "feedItemAdded" | "isAdmin")
 }
 
-/// Adds what one request (or one websocket connection) needs: who asks, and loaders that batch
-/// within it and cache nothing across requests.
-pub fn attach_request_data(services: &Arc<Registry>, data: &mut async_graphql::Data, actor: Actor) {
+/// Adds what one request (or one websocket connection) needs: who asks. Each operation gets its
+/// loaders from the schema's [`FreshLoaders`], not from here, so that none outlives it.
+pub fn attach_request_data(data: &mut async_graphql::Data, actor: Actor) {
     data.insert(actor);
-    data.insert(Loaders::new(services.clone()));
 }
 
 /// The data a group of live operations shared by many sockets runs with: a caller who is no one,
 /// from no address, so that a shared answer can only be what anyone may see.
-pub fn anonymous_request_data(services: &Arc<Registry>) -> async_graphql::Data {
+pub fn anonymous_request_data() -> async_graphql::Data {
     let mut data = async_graphql::Data::default();
     let anonymous = Actor {
         user: None,
         client_ip: std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
         user_agent: None,
     };
-    attach_request_data(services, &mut data, anonymous);
+    attach_request_data(&mut data, anonymous);
     data
 }
 
@@ -66,6 +65,7 @@ pub fn build(
     // own recursion is bounded by `DocumentGuard`'s scan.
     .limit_recursive_depth(limits.max_depth.saturating_mul(2).max(32))
     .limit_directives(16)
+    .extension(FreshLoaders::new(services.clone()))
     // A cached document skips the parse and the guard's checks, which it passed when it was cached.
     .extension(RequestPipeline {
         limits: QueryLimitsCheck {

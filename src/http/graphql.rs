@@ -108,7 +108,7 @@ impl RequestHook for Callers {
         if let Some((_, expires)) = verified {
             data.insert(CredentialsExpire(expires));
         }
-        attach_request_data(&self.0.registry, &mut data, caller);
+        attach_request_data(&mut data, caller);
         Ok(Admitted { data, private })
     }
 
@@ -152,7 +152,7 @@ impl RequestHook for Callers {
                 data.insert(CredentialsExpire(expires));
             }
             let caller = actor(&state, peer, &headers, verified.map(|(user, _)| user));
-            attach_request_data(&state.registry, &mut data, caller);
+            attach_request_data(&mut data, caller);
             Ok(data)
         });
         // The place is taken now, so that upgrades racing each other cannot pass the cap together,

@@ -933,3 +933,45 @@ async fn socket_metrics_count_sockets_operations_by_field_and_what_was_sent() {
         );
     }
 }
+
+/// `likeCount` and `viewerHasLiked` of `article` asked as operation `id` of `socket` (a query: one
+/// `next`, then `complete`).
+async fn like_state_over(socket: &mut Socket, id: &str, article: &str) -> (i64, bool) {
+    send(
+        socket,
+        json!({ "id": id, "type": "subscribe", "payload": {
+            "query": "query($a: ID!) { node(id: $a) { ... on Article { likeCount viewerHasLiked } } }",
+            "variables": { "a": article } } }),
+    )
+    .await;
+    let answer = next_message(socket).await.unwrap();
+    assert_eq!(answer["type"], "next", "{answer}");
+    let complete = next_message(socket).await.unwrap();
+    assert_eq!(complete["type"], "complete", "{complete}");
+    let node = &answer["payload"]["data"]["node"];
+    (
+        node["likeCount"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{answer}")),
+        node["viewerHasLiked"].as_bool().unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn an_operation_on_a_socket_reads_afresh_what_an_earlier_one_on_it_read() {
+    let app = TestApp::spawn().await;
+    let (_, article) = crate::likes::article(&app).await;
+    let (_, token) = crate::likes::users(&app, 1).await.remove(0);
+    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": token })).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    assert_eq!(
+        like_state_over(&mut socket, "1", &article).await,
+        (0, false)
+    );
+    let liked = crate::likes::set_like(&app, Some(&token), &article, true).await;
+    assert_eq!(liked["data"]["like"]["likeCount"], 1, "{liked}");
+    assert_eq!(like_state_over(&mut socket, "2", &article).await, (1, true));
+}

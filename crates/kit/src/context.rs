@@ -3,7 +3,9 @@
 //!
 //! Loaders are made on first use, so a request that needs none (most mutations) pays for none;
 //! within a request, every load of one kind is batched, and what was loaded is kept for the rest
-//! of the request.
+//! of the request. "A request" is one operation, however it came ([`FreshLoaders`] gives each its
+//! own): a websocket's operations do not share what an earlier one loaded, and each event of a
+//! subscription is resolved with loaders that remember nothing of the events before it.
 //!
 //! A loader gathers the keys asked for within a millisecond of the first one. On a loaded machine a
 //! page's resolvers can take longer than that to run, and the batch splits; so resolvers that
@@ -17,8 +19,13 @@ use std::any::{Any, TypeId, type_name};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use async_graphql::Context;
 use async_graphql::dataloader::{DataLoader, HashMapCache};
+use async_graphql::extensions::{
+    Extension, ExtensionContext, ExtensionFactory, NextPrepareRequest, NextSubscribe,
+};
+use async_graphql::futures_util::StreamExt as _;
+use async_graphql::futures_util::stream::BoxStream;
+use async_graphql::{Context, Request, Response, ServerResult};
 
 use crate::actor::Actor;
 
@@ -69,18 +76,27 @@ pub trait FromServices: Send + Sync + 'static {
     fn from_services(services: &Registry) -> Self;
 }
 
-/// One request's loaders, by kind.
+/// One request's loaders, by kind. A clone shares them.
+#[derive(Clone)]
 pub struct Loaders {
     services: Arc<Registry>,
-    made: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    made: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
 }
 
 impl Loaders {
     pub fn new(services: Arc<Registry>) -> Self {
         Self {
             services,
-            made: Mutex::new(HashMap::new()),
+            made: Arc::default(),
         }
+    }
+
+    /// Drops every loader and what it loaded: the next load reads afresh.
+    pub fn forget(&self) {
+        self.made
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
     }
 
     /// This request's loader of kind `L`, made on first use.
@@ -99,6 +115,55 @@ impl Loaders {
         Arc::clone(loader)
             .downcast::<DataLoader<L, HashMapCache>>()
             .expect("loaders are stored under their own type id")
+    }
+}
+
+/// The schema extension that gives every operation its own [`Loaders`], in the request's data
+/// (which async-graphql reads before a connection's), and has a subscription's loaders forget
+/// what they loaded once each event is resolved. A connection's data holds no loaders: one kept
+/// for a websocket's life answered a later query with what an earlier one read (a like count
+/// from before the like), and grew with everything its subscriptions ever resolved.
+pub struct FreshLoaders {
+    services: Arc<Registry>,
+}
+
+impl FreshLoaders {
+    pub fn new(services: Arc<Registry>) -> Self {
+        Self { services }
+    }
+}
+
+impl ExtensionFactory for FreshLoaders {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(OperationLoaders(Loaders::new(self.services.clone())))
+    }
+}
+
+/// One operation's loaders, made with the operation's extensions.
+struct OperationLoaders(Loaders);
+
+#[async_trait::async_trait]
+impl Extension for OperationLoaders {
+    async fn prepare_request(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        mut request: Request,
+        next: NextPrepareRequest<'_>,
+    ) -> ServerResult<Request> {
+        request.data.insert(self.0.clone());
+        next.run(ctx, request).await
+    }
+
+    fn subscribe<'s>(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        stream: BoxStream<'s, Response>,
+        next: NextSubscribe<'_>,
+    ) -> BoxStream<'s, Response> {
+        let loaders = self.0.clone();
+        next.run(ctx, stream)
+            .inspect(move |_| loaders.forget())
+            .boxed()
     }
 }
 
