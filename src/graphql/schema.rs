@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use async_graphql::Schema;
 use pulse_edge::pipeline::{DocumentGuard, OperationMetrics, QueryLimitsCheck, RequestPipeline};
-use pulse_kit::{Actor, FreshLoaders, Registry};
+use pulse_kit::{Actor, FreshEachEvent, FreshLoaders, Registry};
 
 use super::order::SchemaTypes;
 use super::validated::ValidationTally;
@@ -28,9 +28,11 @@ pub fn attach_request_data(data: &mut async_graphql::Data, actor: Actor) {
 }
 
 /// The data a group of live operations shared by many sockets runs with: a caller who is no one,
-/// from no address, so that a shared answer can only be what anyone may see.
+/// from no address, so that a shared answer can only be what anyone may see; and loaders afresh
+/// for each event, read once per group.
 pub fn anonymous_request_data() -> async_graphql::Data {
     let mut data = async_graphql::Data::default();
+    data.insert(FreshEachEvent);
     let anonymous = Actor {
         user: None,
         client_ip: std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),

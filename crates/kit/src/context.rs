@@ -5,7 +5,8 @@
 //! within a request, every load of one kind is batched, and what was loaded is kept for the rest
 //! of the request. "A request" is one operation, however it came ([`FreshLoaders`] gives each its
 //! own): a websocket's operations do not share what an earlier one loaded, and each event of a
-//! subscription is resolved with loaders that remember nothing of the events before it.
+//! shared subscription (one whose data holds [`FreshEachEvent`]) is resolved with loaders that
+//! remember nothing of the events before it.
 //!
 //! A loader gathers the keys asked for within a millisecond of the first one. On a loaded machine a
 //! page's resolvers can take longer than that to run, and the batch splits; so resolvers that
@@ -119,10 +120,15 @@ impl Loaders {
 }
 
 /// The schema extension that gives every operation its own [`Loaders`], in the request's data
-/// (which async-graphql reads before a connection's), and has a subscription's loaders forget
-/// what they loaded once each event is resolved. A connection's data holds no loaders: one kept
-/// for a websocket's life answered a later query with what an earlier one read (a like count
+/// (which async-graphql reads before a connection's). A connection's data holds no loaders: one
+/// kept for a websocket's life answered a later query with what an earlier one read (a like count
 /// from before the like), and grew with everything its subscriptions ever resolved.
+///
+/// A subscription whose data holds [`FreshEachEvent`] has its loaders forget what they loaded once
+/// each event is resolved. Others keep theirs for their life: forgetting costs each subscriber a
+/// read per event of what the events share (a feed item's author: 10,000 followers made the
+/// server's CPU per message three times what it was), so a field of something that comes back
+/// event after event (an author's follower count) shows what it was when first read.
 pub struct FreshLoaders {
     services: Arc<Registry>,
 }
@@ -138,6 +144,11 @@ impl ExtensionFactory for FreshLoaders {
         Arc::new(OperationLoaders(Loaders::new(self.services.clone())))
     }
 }
+
+/// In a subscription's data: each of its events is resolved with loaders of its own. For an
+/// operation resolved once for many subscribers (a group), where an event's reads are one per
+/// group, not one per subscriber.
+pub struct FreshEachEvent;
 
 /// One operation's loaders, made with the operation's extensions.
 struct OperationLoaders(Loaders);
@@ -160,10 +171,12 @@ impl Extension for OperationLoaders {
         stream: BoxStream<'s, Response>,
         next: NextSubscribe<'_>,
     ) -> BoxStream<'s, Response> {
+        let stream = next.run(ctx, stream);
+        if ctx.data_opt::<FreshEachEvent>().is_none() {
+            return stream;
+        }
         let loaders = self.0.clone();
-        next.run(ctx, stream)
-            .inspect(move |_| loaders.forget())
-            .boxed()
+        stream.inspect(move |_| loaders.forget()).boxed()
     }
 }
 

@@ -15,7 +15,7 @@ pub mod context;
 pub mod ids;
 
 pub use actor::{Actor, Identity};
-pub use context::{FreshLoaders, Loaders, Registry, actor, loaders, service};
+pub use context::{FreshEachEvent, FreshLoaders, Loaders, Registry, actor, loaders, service};
 
 use pulse_runtime::error::AppResult;
 
