@@ -19,6 +19,8 @@
 //! - `subscribers`: N websocket subscribers of a live leaderboard under a vote stream, and N
 //!   followers under a publish stream: server memory per idle subscriber, change-to-client latency
 //!   over every (client, change) pair, server CPU per 1,000 messages; `--knee` steps N up.
+//! - `fanout-floor`: one small frame to each of N websocket sockets per tick from a bare
+//!   broadcaster that does nothing else: the fan-out latency no server can beat on this machine.
 //! - `stalled-readers`: K websocket subscribers of a leaderboard and K of `articlePublished` that
 //!   stop reading while 100,000 votes and enough articles go through the server: its RSS growth
 //!   per stalled subscriber against the send budget, then what each gets when it reads again.
@@ -27,6 +29,7 @@ mod cast_votes;
 mod ceiling;
 mod database;
 mod dedup_memory;
+mod fanout_floor;
 mod feed_read;
 mod fuzz;
 mod http1;
@@ -95,6 +98,13 @@ enum Command {
     /// feeds under a publish stream: server RSS per idle subscriber, change-to-client latency over
     /// every (client, change) pair, server CPU per 1,000 messages; `--knee` steps N up.
     Subscribers(SubscribersArgs),
+    /// Hand one small stamped frame to each of N websocket sockets per tick from a bare
+    /// broadcaster (a separate process that does nothing else): the fan-out's own latency and CPU
+    /// on this machine, the floor under `subscribers`' vote-to-client latency.
+    FanoutFloor(fanout_floor::FanoutFloorArgs),
+    /// The broadcaster `fanout-floor` starts.
+    #[command(hide = true)]
+    FanoutFloorBroadcaster(fanout_floor::BroadcasterArgs),
     /// Hold K websocket subscribers of a leaderboard and K of `articlePublished` that stop reading
     /// (and one of each that reads) while articles fill their send budgets and 100,000 votes go
     /// through the server: server RSS per stalled subscriber against the budget; then each must
@@ -403,6 +413,8 @@ fn main() -> anyhow::Result<()> {
             Command::FeedRead(args) => feed_read::run(args).await,
             Command::PublishFanout(args) => publish_fanout::run(args).await,
             Command::Subscribers(args) => subscribers::run(args).await,
+            Command::FanoutFloor(args) => fanout_floor::run(args).await,
+            Command::FanoutFloorBroadcaster(args) => fanout_floor::broadcast(args).await,
             Command::StalledReaders(args) => stalled::run(args).await,
             Command::Search(args) => search::run(args).await,
         }
