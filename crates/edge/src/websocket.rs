@@ -65,7 +65,7 @@ use axum::http::{HeaderMap, header};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt as _, StreamExt as _};
 use serde::Deserialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -220,12 +220,9 @@ pub async fn serve<E, OnInit, InitFuture>(
     // A client message holds one of a few places until async-graphql takes it, so a client that
     // floods the socket is held back by TCP rather than queued here.
     let ahead = Arc::new(Semaphore::new(CLIENT_MESSAGES_AHEAD));
-    let (forward, forwarded) = mpsc::unbounded_channel::<Forwarded>();
+    let (forward, forwarded) = futures_channel::mpsc::unbounded::<Forwarded>();
     let mut forward = Some(forward);
-    let input = futures_util::stream::unfold(forwarded, |mut forwarded| async move {
-        let (message, _place) = forwarded.recv().await?;
-        Some((*message, forwarded))
-    });
+    let input = forwarded.map(|(message, _place)| *message);
     let graphql = async_graphql::http::WebSocket::from_message_stream(executor, input, protocol)
         .on_connection_init(on_init);
     let mut graphql = std::pin::pin!(graphql);
@@ -275,7 +272,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                 let ended = lock(&session).expire();
                 for id in ended {
                     if let Some(forward) = &forward {
-                        let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
+                        let _ = forward.unbounded_send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                     }
                     wire.state().outbox.push_ended(protocol, &id);
                 }
@@ -321,7 +318,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                         // replaces it: async-graphql stops it, and the session drops its
                         // `complete`, which is not the new operation's.
                         if let (true, Some(forward)) = (replaces_forwarded, &forward) {
-                            let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
+                            let _ = forward.unbounded_send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                         }
                         grouped
                             .get_or_insert_with(Grouped::new)
@@ -344,7 +341,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                     grouped.leave(id);
                 }
                 if let Some(forward) = &forward {
-                    let _ = forward.send((Box::new(parsed), Some(place)));
+                    let _ = forward.unbounded_send((Box::new(parsed), Some(place)));
                 }
             }
             _ = ping.tick(), if pinging => {
@@ -366,7 +363,7 @@ pub async fn serve<E, OnInit, InitFuture>(
             },
             Some((id, token)) = async {
                 match &mut grouped {
-                    Some(grouped) => grouped.ended.recv().await,
+                    Some(grouped) => grouped.ended.next().await,
                     None => std::future::pending().await,
                 }
             } => {
@@ -407,7 +404,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                             }
                             let cursor = lock(&session).fell_behind(&id);
                             if let Some(forward) = &forward {
-                                let _ = forward.send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
+                                let _ = forward.unbounded_send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                             }
                             if outbox.push_resync(protocol, &id, cursor).is_ok() {
                                 metrics::counter!(SLOW_CONSUMER_RESYNCS).increment(1);
@@ -553,7 +550,7 @@ impl Wire {
 /// A grouped operation's place on its connection.
 struct Seat {
     wire: Arc<Wire>,
-    ends: mpsc::UnboundedSender<(Arc<str>, u64)>,
+    ends: futures_channel::mpsc::UnboundedSender<(Arc<str>, u64)>,
     /// Cleared by the task when the operation ends on its side; its group's results then go
     /// nowhere.
     current: AtomicBool,
@@ -565,7 +562,7 @@ impl Recipient for Seat {
             Some(payload) => self.wire.write_shared(self, id, payload),
             // The end of the group's stream ends the operation, which is the task's bookkeeping.
             None => {
-                let _ = self.ends.send((id.clone(), token));
+                let _ = self.ends.unbounded_send((id.clone(), token));
             }
         }
     }
@@ -574,14 +571,14 @@ impl Recipient for Seat {
 /// The operations of a connection that run in groups, by id, and the channel of their groups'
 /// ends.
 struct Grouped {
-    ends: mpsc::UnboundedSender<(Arc<str>, u64)>,
-    ended: mpsc::UnboundedReceiver<(Arc<str>, u64)>,
+    ends: futures_channel::mpsc::UnboundedSender<(Arc<str>, u64)>,
+    ended: futures_channel::mpsc::UnboundedReceiver<(Arc<str>, u64)>,
     members: HashMap<String, (Membership, Arc<Seat>)>,
 }
 
 impl Grouped {
     fn new() -> Self {
-        let (ends, ended) = mpsc::unbounded_channel();
+        let (ends, ended) = futures_channel::mpsc::unbounded();
         Self {
             ends,
             ended,
