@@ -30,7 +30,7 @@
 //! at every flush, the first one at start-up included, after any batch left in flight is re-driven.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sea_orm::sea_query::{CaseStatement, Expr, ExprTrait as _};
 use sea_orm::{
@@ -118,34 +118,48 @@ impl ViewFlusher {
     /// it serves) until `shutdown`, then once more so that a clean stop leaves nothing pending
     /// that this process could have written.
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_prune: Option<Instant> = None;
-        loop {
-            let stopping = tokio::select! {
-                _ = ticker.tick() => false,
-                _ = shutdown.cancelled() => true,
-            };
-            match self.flush_all().await {
-                Ok(report) if report.batches > 0 => {
-                    tracing::debug!(
-                        batches = report.batches,
-                        views = report.views,
-                        "views flushed"
-                    );
-                }
-                Ok(_) => {}
-                Err(err) => tracing::warn!(error = %err, "view flush failed; retrying next round"),
-            }
-            if last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
-                last_prune = Some(Instant::now());
+        // Pruning runs beside the passes, not between them: a prune waiting for the batch table
+        // (a long DELETE, a lock taken by a migration or an operator) must not hold up the views.
+        let pruning = async {
+            let mut every = tokio::time::interval(PRUNE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
                 if let Err(err) = self.prune_batch_ids().await {
                     tracing::warn!(error = %err, "cannot prune old view batch ids");
                 }
             }
-            if stopping {
-                return;
+        };
+        let flushing = async {
+            let mut ticker =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let stopping = tokio::select! {
+                    _ = ticker.tick() => false,
+                    _ = shutdown.cancelled() => true,
+                };
+                match self.flush_all().await {
+                    Ok(report) if report.batches > 0 => {
+                        tracing::debug!(
+                            batches = report.batches,
+                            views = report.views,
+                            "views flushed"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::warn!(error = %err, "view flush failed; retrying next round")
+                    }
+                }
+                if stopping {
+                    return;
+                }
             }
+        };
+        tokio::select! {
+            () = flushing => {}
+            () = pruning => {}
         }
     }
 
