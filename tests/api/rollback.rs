@@ -503,3 +503,42 @@ async fn a_redis_restored_from_an_older_snapshot_hands_out_higher_stats_versions
         "no stats version above {seen} within 10 s of a like on the restored Redis"
     );
 }
+
+/// A prune of old batch ids that waits for the batch table (locked here, as a migration or an
+/// operator's long DELETE would hold it) holds up none of the passes after it: views recorded
+/// meanwhile are taken, and committed once the table is free. SQLite's lock is the whole
+/// database, which stops a pass as much as a prune (and ends the wait at its busy timeout), so
+/// only a server that locks one table can show it.
+#[tokio::test]
+async fn a_prune_waiting_for_the_batch_table_holds_up_no_pass_of_the_flusher() {
+    let app = TestApp::spawn_with(|config| {
+        config.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    })
+    .await;
+    if app.state.db.get_database_backend() == sea_orm::DbBackend::Sqlite {
+        return;
+    }
+    let article = publish_one(&app).await;
+    let lock = SqlLock::take(&app.config.database_url(), "view_flush_batches").await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(flusher(&app).run(Duration::from_millis(50), stop.clone()));
+    // The first pass finds no view; the first prune, which follows it, waits for the table.
+    lock.wait_for_a_waiter().await;
+    for i in 0..5 {
+        record(&app, &article, &distinct_ip(i), BROWSER).await;
+    }
+    wait_for_redis_seq(
+        &app,
+        &article,
+        1,
+        "no pass took the views after the prune waited",
+    )
+    .await;
+    lock.release().await;
+    eventually("the taken views reach SQL", async || {
+        sql_view_count(&app, &article).await == 5
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+}
