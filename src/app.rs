@@ -181,6 +181,7 @@ impl App {
                 send_budget: config.ws_send_budget,
                 resumable: crate::services::RESUMABLE,
                 groups: Some(groups),
+                detached: crate::services::DETACHED,
             },
             sockets_per_ip: crate::http::sockets_per_ip::SocketsPerIp::new(
                 config.max_sockets_per_ip,

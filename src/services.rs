@@ -99,6 +99,11 @@ pub const LIVE_FIELDS: &[LiveField] = &[
     },
 ];
 
+/// The event fields a websocket's driver runs itself between events (see
+/// [`pulse_edge::detached`]), whose resolvers hand over their source: one per follower, each idle
+/// for long stretches, where async-graphql's stream would hold 9 KiB apiece.
+pub const DETACHED: &[&str] = &["feedItemAdded"];
+
 /// The event streams an SSE client resumes with `Last-Event-ID`: each event's `id` is what the
 /// field's `after` takes (a feed item's cursor, an article's id).
 pub const RESUMABLE: &[pulse_edge::stream::Resumable] = &[

@@ -287,6 +287,12 @@ pub const METRICS: &[Metric] = &[
         ]),
     },
     Metric {
+        name: "pulse_live_detached_operations",
+        kind: MetricKind::Gauge,
+        help: "Websocket event operations whose source the server holds between events instead of a GraphQL execution (feed items)",
+        initial: NO_LABELS,
+    },
+    Metric {
         name: "pulse_live_messages_sent_total",
         kind: MetricKind::Counter,
         help: "Messages written to websockets (protocol messages, pings and closes included)",

@@ -1,8 +1,12 @@
 use async_graphql::connection::{Connection, ConnectionNameType, Edge, EdgeNameType, EmptyFields};
-use async_graphql::{Context, Object, OutputType, SimpleObject, Subscription};
-use futures_util::{FutureExt as _, Stream, StreamExt as _};
+use std::sync::{Arc, Mutex};
+
+use async_graphql::{Context, Data, Object, OutputType, SimpleObject, Subscription};
+use futures_util::stream::BoxStream;
+use futures_util::{FutureExt as _, StreamExt as _};
+use pulse_edge::detached::Detach;
 use pulse_kit::connection::connection_complexity;
-use pulse_kit::{actor, service};
+use pulse_kit::{actor, loaders, service};
 
 use crate::articles::graphql::{Article, prefetch_articles};
 use crate::error::GqlResultExt;
@@ -87,7 +91,12 @@ impl FeedSubscription {
         &self,
         ctx: &Context<'_>,
         after: Option<String>,
-    ) -> async_graphql::Result<impl Stream<Item = async_graphql::Result<FeedEdge>> + use<>> {
+    ) -> async_graphql::Result<BoxStream<'static, async_graphql::Result<FeedEdge>>> {
+        // An execution of one event of a stream the websocket's driver took over.
+        if let Some(delivered) = ctx.data_opt::<DeliveredItem>() {
+            let item = delivered.take();
+            return Ok(futures_util::stream::iter(item).boxed());
+        }
         // Boxed: async-graphql keeps this resolver's future in the subscription's stream for as
         // long as it runs, and the start of a feed (its SQL and Redis reads) is the largest part.
         let live = service::<FeedService>(ctx)
@@ -95,9 +104,39 @@ impl FeedSubscription {
             .boxed()
             .await
             .gql()?;
-        Ok(live.map(|item| {
+        let edges = live.map(|item| {
             item.map(|(cursor, row)| Edge::new(cursor.into_string(), Article(row)))
                 .gql()
-        }))
+        });
+        let Some(detach) = ctx.data_opt::<Arc<Detach>>() else {
+            return Ok(edges.boxed());
+        };
+        // The driver resolves each item in an execution of its own, with the operation's loaders,
+        // so an item's reads of what the items share (its author) are made once per subscriber
+        // as before, not once per item.
+        let loaders = loaders(ctx).clone();
+        detach.hand_over(
+            edges
+                .map(move |item| {
+                    let mut data = Data::default();
+                    data.insert(DeliveredItem(Mutex::new(Some(item))));
+                    data.insert(loaders.clone());
+                    data
+                })
+                .boxed(),
+        );
+        Ok(futures_util::stream::empty().boxed())
+    }
+}
+
+/// In the data of an execution of one feed item of a detached operation.
+struct DeliveredItem(Mutex<Option<async_graphql::Result<FeedEdge>>>);
+
+impl DeliveredItem {
+    fn take(&self) -> Option<async_graphql::Result<FeedEdge>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
     }
 }

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::crash::free_port;
+use crate::crash::{free_port, spawn_server_process};
 use crate::feed::{bulk_follow, feed_page, in_inbox, publish, token, users};
-use crate::helpers::{OwnRedis, TestApp, article_row, eventually, redis_subscribers, test_config};
-use crate::subscriptions::{Socket, next_message, subscribed_as};
+use crate::helpers::{
+    OwnRedis, TestApp, article_row, eventually, process_series, redis_subscribers, test_config,
+};
+use crate::subscriptions::{Socket, next_message, open_socket_at, send, subscribed_as};
 use pulse::keys::FeedKeys;
 
 const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title } } }";
@@ -196,4 +198,117 @@ async fn a_users_online_marker_is_renewed_while_any_of_their_subscriptions_lives
         (0..=20_000).contains(&left),
         "the marker of a user with no subscription was renewed, or is gone early: {left} ms left"
     );
+}
+
+/// Subscribes `socket` (acknowledged) to the feed as operation "feed".
+async fn subscribe_feed(socket: &mut Socket) {
+    send(
+        socket,
+        json!({ "id": "feed", "type": "subscribe", "payload": { "query": FEED_ITEMS } }),
+    )
+    .await;
+}
+
+/// The ids of the next `n` items on `socket`, which must all be feed items.
+async fn next_items(socket: &mut Socket, n: usize) -> Vec<i64> {
+    let mut items = Vec::new();
+    for _ in 0..n {
+        let message = next_message(socket).await.expect("the socket stays open");
+        assert_eq!(message["id"], "feed", "{message}");
+        items.push(item_id(&message));
+    }
+    items
+}
+
+/// Between items a feed subscription is held by the websocket's driver, not by an async-graphql
+/// stream (see `pulse_edge::detached`): each item is resolved by an execution of its own. The
+/// server runs as a process of its own, so that its metrics are this test's alone.
+#[tokio::test]
+async fn feed_subscribers_wait_detached_between_items_and_get_each_item_once() {
+    const FOLLOWERS: usize = 20;
+    let config = test_config(|_| {}).await;
+    let app = TestApp::start(config.clone()).await;
+    let port = free_port();
+    let _server = spawn_server_process(&config, port, &[]).await;
+    let address = format!("127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let detached = async || process_series(&http, port, "pulse_live_detached_operations").await;
+    let people = users(&app, "detached", FOLLOWERS + 1).await;
+    let (author, followers) = (people[0], &people[1..]);
+    bulk_follow(&app, followers, author).await;
+
+    let mut sockets = Vec::new();
+    for &follower in followers {
+        let mut socket = open_socket_at(&address, "graphql-transport-ws").await;
+        send(
+            &mut socket,
+            json!({ "type": "connection_init", "payload": { "token": token(&app, follower) } }),
+        )
+        .await;
+        assert_eq!(
+            next_message(&mut socket).await.unwrap()["type"],
+            "connection_ack"
+        );
+        subscribe_feed(&mut socket).await;
+        sockets.push(socket);
+    }
+    let all_listening = async |followers: &[i64]| {
+        for &follower in followers {
+            let channel = app.state.redis.keys.feed_channel(follower);
+            if redis_subscribers(&app, &channel).await == 0 {
+                return false;
+            }
+        }
+        true
+    };
+    eventually("every subscription is detached and listening", async || {
+        detached().await == FOLLOWERS as f64 && all_listening(followers).await
+    })
+    .await;
+
+    let mut published = Vec::new();
+    for title in ["one", "two", "three"] {
+        published.push(publish(&app, &token(&app, author), title).await);
+    }
+    published.sort_unstable();
+    for socket in &mut sockets {
+        let mut items = next_items(socket, published.len()).await;
+        items.sort_unstable();
+        assert_eq!(items, published, "each item once");
+    }
+    eventually(
+        "every subscription is detached again after its items",
+        async || detached().await == FOLLOWERS as f64,
+    )
+    .await;
+
+    // A stop between items is answered at once and releases the operation; its id is free again.
+    send(&mut sockets[0], json!({ "id": "feed", "type": "complete" })).await;
+    assert_eq!(
+        next_message(&mut sockets[0]).await.unwrap(),
+        json!({ "type": "complete", "id": "feed" })
+    );
+    eventually("the stopped subscription is released", async || {
+        detached().await == (FOLLOWERS - 1) as f64
+    })
+    .await;
+    subscribe_feed(&mut sockets[0]).await;
+    eventually("the new subscription is detached", async || {
+        detached().await == FOLLOWERS as f64 && all_listening(&followers[..1]).await
+    })
+    .await;
+
+    let fourth = publish(&app, &token(&app, author), "four").await;
+    for socket in &mut sockets {
+        assert_eq!(next_items(socket, 1).await, vec![fourth]);
+    }
+    for socket in &mut sockets {
+        let nothing_more = tokio::time::timeout(Duration::from_millis(300), next_message(socket));
+        assert!(nothing_more.await.is_err(), "an item came twice");
+    }
+    drop(sockets);
+    eventually("closed sockets release their operations", async || {
+        detached().await == 0.0
+    })
+    .await;
 }

@@ -442,6 +442,19 @@ pub async fn two_votes_lead(
 }
 
 /// The `extensions.code` of a response's first error.
+/// A series of the `/metrics` of the server process listening on `port` (as [`series`] reads it).
+pub async fn process_series(http: &reqwest::Client, port: u16, series_name: &str) -> f64 {
+    let scrape = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    series(&scrape, series_name)
+}
+
 /// A series of a `/metrics` scrape, by its name and labels as written there; 0 when the scrape
 /// has none (a counter never incremented).
 pub fn series(scrape: &str, series: &str) -> f64 {

@@ -13,7 +13,7 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, TransactionTrai
 use serde_json::{Value, json};
 
 use crate::crash::{free_port, spawn_server_process};
-use crate::helpers::{article_row, eventually, eventually_within, test_config};
+use crate::helpers::{article_row, eventually, eventually_within, process_series, test_config};
 use crate::search::{PUBLISH, SEARCH, applied};
 
 /// One GraphQL call to a server process; `None` once the process is gone.
@@ -164,22 +164,7 @@ async fn a_server_killed_during_a_load_leaves_a_replica_that_resumes_to_equal_sq
         .unwrap();
     eventually(
         "the replica has applied a hundred rows of the load",
-        async || {
-            let metrics = http
-                .get(format!("http://127.0.0.1:{port}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            let applied = metrics
-                .lines()
-                .find_map(|line| line.strip_prefix("pulse_search_rows_applied_total "))
-                .and_then(|value| value.trim().parse::<f64>().ok())
-                .unwrap_or(0.0);
-            applied >= 120.0
-        },
+        async || process_series(&http, port, "pulse_search_rows_applied_total").await >= 120.0,
     )
     .await;
     server.kill().await.unwrap();
@@ -253,19 +238,6 @@ async fn a_server_killed_during_a_load_leaves_a_replica_that_resumes_to_equal_sq
     assert_eq!(index.all_documents().unwrap(), sql);
 }
 
-/// The value of a counter on a server process's `/metrics`.
-async fn counter(http: &reqwest::Client, port: u16, name: &str) -> f64 {
-    let metrics = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    crate::helpers::series(&metrics, name)
-}
-
 /// Counts change and nothing else while the server is SIGKILLed: the replica reopens without
 /// counts, loads them from SQL and resumes to equal SQL without rewriting a document.
 #[tokio::test]
@@ -304,7 +276,7 @@ async fn a_server_killed_during_a_count_stream_leaves_a_replica_that_resumes_to_
             .is_some_and(|edges| edges.len() == 10)
     })
     .await;
-    let applied_before = counter(&http, port, "pulse_search_rows_applied_total").await;
+    let applied_before = process_series(&http, port, "pulse_search_rows_applied_total").await;
     let (readers, all) = (Arc::new(readers), Arc::new(all));
     let clients: Vec<_> = (0..100usize)
         .map(|client| {
@@ -351,7 +323,8 @@ async fn a_server_killed_during_a_count_stream_leaves_a_replica_that_resumes_to_
         Duration::from_secs(120),
         "the replica has applied twenty count rows",
         async || {
-            counter(&http, port, "pulse_search_rows_applied_total").await >= applied_before + 20.0
+            process_series(&http, port, "pulse_search_rows_applied_total").await
+                >= applied_before + 20.0
         },
     )
     .await;

@@ -14,7 +14,12 @@ pub type Socket =
 
 /// A websocket upgraded with `protocol` that has sent nothing yet.
 pub async fn open_socket(app: &TestApp, protocol: &str) -> Socket {
-    let mut request = format!("ws://{}/graphql/ws", app.addr)
+    open_socket_at(&app.addr.to_string(), protocol).await
+}
+
+/// A websocket to the server listening at `address` (host:port).
+pub async fn open_socket_at(address: &str, protocol: &str) -> Socket {
+    let mut request = format!("ws://{address}/graphql/ws")
         .into_client_request()
         .unwrap();
     request

@@ -998,6 +998,7 @@ mod tests {
                 send_budget: 64 * 1024,
                 resumable: &[],
                 groups: None,
+                detached: &[],
             },
             shutdown: CancellationToken::new(),
             server_failure: |_| None,

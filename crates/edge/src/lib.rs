@@ -22,6 +22,8 @@
 //!   websockets are.
 //! - [`groups`]: identical live operations of any number of websockets resolved and serialized
 //!   once per result, with an anonymous caller's data.
+//! - [`detached`]: event streams a websocket's driver runs itself between events, so that an
+//!   idle one holds its source and its request, not an async-graphql stream.
 //! - [`websocket`]: a driver for both websocket protocols that bounds what async-graphql leaves
 //!   open (the init timeout, duplicate ids, operations per socket, a close at shutdown).
 //!
@@ -29,6 +31,7 @@
 //! other way, so a domain type used here fails to compile.
 
 mod counted;
+pub mod detached;
 pub mod groups;
 pub mod guard;
 pub mod http;

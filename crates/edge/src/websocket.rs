@@ -43,6 +43,11 @@
 //! hears of it only when there is something for it to do (the socket did not take everything,
 //! the budget was passed, the group's stream ended).
 //!
+//! Detached event streams: an operation on one of [`Settings::detached`]'s fields waits for its
+//! events outside async-graphql, which runs one execution per event ([`crate::detached`]). The
+//! driver keeps its bookkeeping as for any other, and answers a client's stop between events
+//! itself.
+//!
 //! The caller upgrades the connection (offering the [`protocol`] the client asked for) and hands
 //! the socket to [`serve`] with its executor, usually an `async_graphql::Schema`, and what to do
 //! with the `connection_init` payload: typically authenticate it and return the connection's
@@ -70,6 +75,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::counted::Counted;
+use crate::detached::{Detached, Polled};
 use crate::groups::{Groups, Membership, Recipient};
 use crate::guard;
 
@@ -83,6 +89,8 @@ const CLIENT_ERROR: &str = "BAD_USER_INPUT";
 pub const SOCKETS_OPEN: &str = "pulse_live_sockets_open";
 /// Operations running, by subscription field (`field`).
 pub const OPERATIONS: &str = "pulse_live_operations";
+/// Detached event operations (see [`crate::detached`]) whose source the driver holds.
+pub const DETACHED_OPERATIONS: &str = "pulse_live_detached_operations";
 pub const MESSAGES_SENT: &str = "pulse_live_messages_sent_total";
 pub const BYTES_SENT: &str = "pulse_live_bytes_sent_total";
 /// Bytes of messages waiting for sockets that have not taken them yet, all sockets together.
@@ -131,6 +139,10 @@ pub struct Settings {
     /// request shared by every socket (and distinct HTTP stream) that runs it; `None` runs each in
     /// its own stream.
     pub groups: Option<Arc<Groups>>,
+    /// Event fields whose operations the driver runs itself between events (see
+    /// [`crate::detached`]): their resolvers hand over their source when the data holds a
+    /// [`crate::detached::Detach`].
+    pub detached: &'static [&'static str],
 }
 
 /// A subscription field of the schema.
@@ -250,6 +262,7 @@ pub async fn serve<E, OnInit, InitFuture>(
     // The connection's grouped operations and the channel their groups' ends come on, made at its
     // first.
     let mut grouped: Option<Grouped> = None;
+    let mut detached = Detached::default();
     // Made once: the loop wakes for every message a subscriber is sent, and a fresh wait on the
     // token each time registered and dropped a waiter on it.
     let mut shutting_down = std::pin::pin!(shutdown.cancelled());
@@ -271,6 +284,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                 expiry_armed = false;
                 let ended = lock(&session).expire();
                 for id in ended {
+                    detached.forget(&id);
                     if let Some(forward) = &forward {
                         let _ = forward.unbounded_send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                     }
@@ -296,13 +310,23 @@ pub async fn serve<E, OnInit, InitFuture>(
                 };
                 // A message that is not one of the protocol's goes on as it is: async-graphql closes
                 // the socket for it with its own code.
-                let parsed = ClientMessage::from_bytes(&data);
+                let mut parsed = ClientMessage::from_bytes(&data);
                 let admission = match &parsed {
                     Ok(message) => lock(&session).admit(message),
                     Err(_) => Admission::Forward,
                 };
+                // Whatever the client starts or stops under an id ends a detached operation that
+                // had it.
+                if let Ok(ClientMessage::Start { id, .. } | ClientMessage::Stop { id }) = &parsed {
+                    detached.forget(id);
+                }
                 match admission {
                     Admission::Forward => {}
+                    Admission::Detachable => {
+                        if let Ok(ClientMessage::Start { id, payload }) = &mut parsed {
+                            detached.offer(id, payload);
+                        }
+                    }
                     Admission::Close(frame) => break Some(frame),
                     Admission::Unauthenticated(id) => {
                         wire.state().outbox.push_ended(protocol, &id);
@@ -381,6 +405,21 @@ pub async fn serve<E, OnInit, InitFuture>(
                     break Some(slow_consumer(&mut wire.state().outbox, settings.send_budget));
                 }
             }
+            polled = std::future::poll_fn(|cx| detached.poll_next(cx)), if !detached.is_empty() => match polled {
+                Polled::Event(id, request) => {
+                    lock(&session).delivering(&id);
+                    if let Some(forward) = &forward {
+                        let _ = forward.unbounded_send((Box::new(Ok(ClientMessage::Start { id, payload: *request })), None));
+                    }
+                }
+                Polled::Ended(id) => {
+                    lock(&session).stop(&id);
+                    let mut state = wire.state();
+                    if state.outbox.push(complete_message(&id), None).is_err() {
+                        break Some(slow_consumer(&mut state.outbox, settings.send_budget));
+                    }
+                }
+            },
             message = graphql.next() => match message {
                 Some(WsMessage::Text(text)) => {
                     let (outgoing, expires) = {
@@ -403,6 +442,7 @@ pub async fn serve<E, OnInit, InitFuture>(
                                 continue;
                             }
                             let cursor = lock(&session).fell_behind(&id);
+                            detached.forget(&id);
                             if let Some(forward) = &forward {
                                 let _ = forward.unbounded_send((Box::new(Ok(ClientMessage::Stop { id: id.clone() })), None));
                             }
@@ -411,6 +451,18 @@ pub async fn serve<E, OnInit, InitFuture>(
                                 continue;
                             }
                             Err(OverBudget)
+                        }
+                        Outgoing::Detaching { text, id } => {
+                            if detached.take_over(&id) {
+                                lock(&session).detached(&id);
+                                continue;
+                            }
+                            lock(&session).stop(&id);
+                            outbox.push(text, None)
+                        }
+                        Outgoing::Delivered(id) => {
+                            detached.delivered(&id);
+                            continue;
                         }
                         Outgoing::Drop => continue,
                     };
@@ -889,6 +941,20 @@ struct Operation {
     last_cursor: Option<String>,
     /// It runs in a group (see [`crate::groups`]), not in async-graphql's stream of the socket.
     grouped: bool,
+    detach: Detachment,
+}
+
+/// Where an operation on a [`Settings::detached`] field stands (see [`crate::detached`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Detachment {
+    /// Not such an operation, or one that did not detach.
+    No,
+    /// Its first execution runs, which hands over its source or ends it.
+    Awaiting,
+    /// The driver polls its source.
+    Idle,
+    /// An execution of one of its events runs.
+    Delivering,
 }
 
 /// The operation `request` runs. A document that does not parse here (or a persisted one, sent by
@@ -901,6 +967,7 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
         resume: None,
         last_cursor: None,
         grouped: false,
+        detach: Detachment::No,
     };
     // The parser recurses once per nesting level: a document nested past the guard's limit would
     // overflow the stack here, before the pipeline refuses it.
@@ -953,6 +1020,7 @@ fn classify(request: &async_graphql::Request, settings: &SessionSettings) -> Ope
         resume: crate::stream::Resume::of(request, settings.resumable),
         last_cursor: None,
         grouped: false,
+        detach: Detachment::No,
     }
 }
 
@@ -1037,8 +1105,11 @@ enum Admission {
     /// A snapshot operation reading nothing of the viewer: it joins its group. It replaces, under
     /// its id, an operation async-graphql runs (a legacy `start` may).
     Join { replaces_forwarded: bool },
-    /// The client stopped this grouped operation: it leaves its group.
+    /// The client stopped this grouped operation (or a detached one between its events): it
+    /// leaves its group, and the driver answers the stop.
     Leave(String),
+    /// On to async-graphql, with a [`crate::detached::Detach`] for its resolver.
+    Detachable,
 }
 
 /// What of the settings a session reads.
@@ -1049,6 +1120,7 @@ struct SessionSettings {
     resumable: &'static [crate::stream::Resumable],
     /// Whether operations that may be grouped are.
     grouping: bool,
+    detached: &'static [&'static str],
 }
 
 impl SessionSettings {
@@ -1059,6 +1131,7 @@ impl SessionSettings {
             live_fields: settings.live_fields,
             resumable: settings.resumable,
             grouping: settings.groups.is_some(),
+            detached: settings.detached,
         }
     }
 }
@@ -1128,6 +1201,14 @@ enum Outgoing {
     },
     /// A message of an operation the driver ended.
     Drop,
+    /// The end of a detachable operation's first execution: the operation goes on without
+    /// async-graphql if its resolver handed over its source, else it ends with this `complete`.
+    Detaching {
+        text: String,
+        id: String,
+    },
+    /// The end of the execution of one of a detached operation's events.
+    Delivered(String),
 }
 
 impl Session {
@@ -1190,6 +1271,12 @@ impl Session {
                     && operation.snapshot
                     && !operation.reads_viewer;
                 let grouped = operation.grouped;
+                let detachable = !grouped
+                    && self.acknowledged
+                    && self.settings.detached.contains(&operation.field);
+                if detachable {
+                    operation.detach = Detachment::Awaiting;
+                }
                 // An id the driver ended stays in `ended` until async-graphql's `complete` for the
                 // operation it had, which comes before anything of this one (it reads the stop
                 // that precedes this start first).
@@ -1198,9 +1285,14 @@ impl Session {
                     let replaces_forwarded = replaced.is_some_and(|replaced| !replaced.grouped);
                     return Admission::Join { replaces_forwarded };
                 }
+                if detachable {
+                    return Admission::Detachable;
+                }
             }
             ClientMessage::Stop { id } => match self.stop(id) {
-                Some(stopped) if stopped.grouped => return Admission::Leave(id.clone()),
+                Some(stopped) if stopped.grouped || stopped.detach == Detachment::Idle => {
+                    return Admission::Leave(id.clone());
+                }
                 Some(_) => *self.echoes.entry(id.clone()).or_default() += 1,
                 None => {}
             },
@@ -1219,10 +1311,34 @@ impl Session {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &ended {
+            // async-graphql runs nothing of a detached operation between its events: no
+            // `complete` of it will come to be dropped.
+            let between_events = self
+                .running
+                .get(id)
+                .is_some_and(|operation| operation.detach == Detachment::Idle);
             self.stop(id);
-            self.ended.insert(id.clone());
+            if !between_events {
+                self.ended.insert(id.clone());
+            }
         }
         ended
+    }
+
+    /// Detached operation `id`'s source is the driver's now.
+    fn detached(&mut self, id: &str) {
+        self.set_detachment(id, Detachment::Idle);
+    }
+
+    /// An execution of one of detached operation `id`'s events runs.
+    fn delivering(&mut self, id: &str) {
+        self.set_detachment(id, Detachment::Delivering);
+    }
+
+    fn set_detachment(&mut self, id: &str, detach: Detachment) {
+        if let Some(operation) = self.running.get_mut(id) {
+            operation.detach = detach;
+        }
     }
 
     /// Event stream `id`'s event with `cursor` is queued for the client.
@@ -1313,9 +1429,21 @@ impl Session {
             {
                 return Outgoing::Drop;
             }
-            ("complete", Some(id)) => {
-                self.stop(&id);
-            }
+            // The end of a detachable operation's first execution, or of one of its events': the
+            // driver's to decide, or to drop.
+            ("complete", Some(id)) => match self.running.get_mut(&id).map(|operation| {
+                let detach = operation.detach;
+                if detach == Detachment::Delivering {
+                    operation.detach = Detachment::Idle;
+                }
+                detach
+            }) {
+                Some(Detachment::Awaiting) => return Outgoing::Detaching { text, id },
+                Some(Detachment::Delivering) => return Outgoing::Delivered(id),
+                _ => {
+                    self.stop(&id);
+                }
+            },
             (_, Some(id)) if self.ended.contains(&id) => return Outgoing::Drop,
             ("next" | "data", Some(id)) => match self.running.get(&id) {
                 Some(operation) if operation.snapshot => return Outgoing::Snapshot(text, id),
@@ -1405,6 +1533,7 @@ mod tests {
             send_budget: 1024,
             resumable: &[],
             groups: None,
+            detached: &[],
         }
     }
 
@@ -1777,6 +1906,90 @@ mod tests {
             Admission::Join {
                 replaces_forwarded: true
             }
+        ));
+    }
+
+    #[test]
+    fn a_detached_operation_is_the_drivers_between_its_events() {
+        let complete = |id: &str| format!(r#"{{"type":"complete","id":"{id}"}}"#);
+        let news = |id: &str| serde_json::json!({ "type": "subscribe", "id": id, "payload": { "query": "subscription { news { title } }" } });
+        let stop = |id: &str| serde_json::json!({ "type": "complete", "id": id });
+        let mut session = new_session(WebSocketProtocols::GraphQLWS);
+        session.settings.detached = &["news"];
+        // Before the acknowledgement async-graphql decides, as for a group.
+        assert!(matches!(
+            admission(&mut session, news("early")),
+            Admission::Forward
+        ));
+        session.sent(r#"{"type":"connection_ack"}"#.to_owned());
+        assert!(matches!(
+            admission(&mut session, news("1")),
+            Admission::Detachable
+        ));
+        assert!(matches!(
+            admission(&mut session, subscribe("plain")),
+            Admission::Forward
+        ));
+
+        // The end of the first execution is the driver's to decide.
+        assert_eq!(
+            session.sent(complete("1")),
+            Outgoing::Detaching {
+                text: complete("1"),
+                id: "1".into()
+            }
+        );
+        session.detached("1");
+        // An event's execution: its result goes out as an event, its end is the driver's.
+        session.delivering("1");
+        let next = r#"{"type":"next","id":"1","payload":{"data":{"news":{"title":"t"}}}}"#;
+        assert!(matches!(
+            session.sent(next.to_owned()),
+            Outgoing::Event { .. }
+        ));
+        assert_eq!(session.sent(complete("1")), Outgoing::Delivered("1".into()));
+        assert_eq!(session.running["1"].detach, Detachment::Idle);
+
+        // Between events async-graphql runs nothing of it: the driver answers the stop.
+        assert!(matches!(admission(&mut session, stop("1")), Admission::Leave(id) if id == "1"));
+        assert!(session.echoes.is_empty());
+        // During an event's execution async-graphql does, and its `complete` is the answer.
+        assert!(matches!(
+            admission(&mut session, news("2")),
+            Admission::Detachable
+        ));
+        session.sent(complete("2"));
+        session.detached("2");
+        session.delivering("2");
+        assert!(matches!(
+            admission(&mut session, stop("2")),
+            Admission::Forward
+        ));
+        assert_eq!(session.sent(complete("2")), Outgoing::Send(complete("2")));
+
+        // Credentials that expire end it; between events no `complete` of it is awaited, so a new
+        // operation under its id is not silenced.
+        let private = serde_json::json!({ "type": "subscribe", "id": "3", "payload": { "query": "subscription { news { viewerLikes } }" } });
+        assert!(matches!(
+            admission(&mut session, private),
+            Admission::Detachable
+        ));
+        session.sent(complete("3"));
+        session.detached("3");
+        assert!(session.expire().contains(&"3".to_owned()));
+        assert!(!session.ended.contains("3"));
+
+        // A first execution whose resolver handed nothing over ends the operation.
+        let mut session = new_session(WebSocketProtocols::GraphQLWS);
+        session.settings.detached = &["news"];
+        session.sent(r#"{"type":"connection_ack"}"#.to_owned());
+        assert!(matches!(
+            admission(&mut session, news("4")),
+            Admission::Detachable
+        ));
+        assert!(matches!(
+            session.sent(complete("4")),
+            Outgoing::Detaching { .. }
         ));
     }
 

@@ -124,6 +124,10 @@ impl Loaders {
 /// kept for a websocket's life answered a later query with what an earlier one read (a like count
 /// from before the like), and grew with everything its subscriptions ever resolved.
 ///
+/// An operation whose request already holds [`Loaders`] keeps them: an execution of one event of a
+/// detached websocket subscription (`pulse_edge::detached`) brings its operation's, for the
+/// reasons below.
+///
 /// A subscription whose data holds [`FreshEachEvent`] has its loaders forget what they loaded once
 /// each event is resolved. Others keep theirs for their life: forgetting costs each subscriber a
 /// read per event of what the events share (a feed item's author: 10,000 followers made the
@@ -161,7 +165,10 @@ impl Extension for OperationLoaders {
         mut request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
-        request.data.insert(self.0.clone());
+        // An execution of one event of a detached subscription brings its operation's loaders.
+        if !request.data.contains_key(&TypeId::of::<Loaders>()) {
+            request.data.insert(self.0.clone());
+        }
         next.run(ctx, request).await
     }
 
