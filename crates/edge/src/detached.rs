@@ -96,6 +96,8 @@ impl Detached {
         self.forget(id);
         let slot = Arc::new(Detach::default());
         request.data.insert(slot.clone());
+        // Most connections run one: a first push would make room for four.
+        self.operations.reserve_exact(1);
         self.operations.push(Operation {
             id: id.to_owned(),
             template: Template {
