@@ -12,8 +12,8 @@
 //! like any other operation of the socket (the connection's data, the schema's extensions, the
 //! same id), and whose resolver finds its event in that data and returns it alone; the driver
 //! hands async-graphql the next item once that execution has ended, so the events keep their
-//! order, and a source whose client reads slowly waits with them. The source's end is the
-//! operation's `complete`.
+//! order. What the client does not read waits in the connection's queue, within its send budget,
+//! as any event does. The source's end is the operation's `complete`.
 //!
 //! A resolver that sees no [`Detach`] (an HTTP stream, a schema run without the driver) returns
 //! its stream as before.
