@@ -1,5 +1,5 @@
-// A dropped socket says so and heals, and the app works by keyboard and at phone width. This
-// file restarts its server, so it has one of its own.
+// A dropped socket says so and heals, a page that could not load heals with it, and the app works
+// by keyboard and at phone width. This file restarts its server, so it has one of its own.
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
@@ -24,6 +24,10 @@ test('a dropped socket shows "reconnecting", then recovers and carries live upda
   await page.goto(`/#/articles/${encodeURIComponent(published.publishArticle.id)}`);
   const state = page.getByTestId('socket-state');
   await state.filter({ hasText: 'Live' }).waitFor();
+  // "Live" is the socket's acknowledgement, which may come before the article and so before its
+  // live counters' subscription: the count showing says the page is subscribed.
+  const likes = page.getByTestId('like-count');
+  await likes.filter({ hasText: /^0$/ }).waitFor();
 
   await pulse.stop();
   await state.filter({ hasText: 'Reconnecting…' }).waitFor();
@@ -34,7 +38,45 @@ test('a dropped socket shows "reconnecting", then recovers and carries live upda
   // The page's subscription was resumed on the new socket: a like from elsewhere shows up.
   const fan = await pulse.signUp(unique('fan'));
   await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: published.publishArticle.id }, fan.token);
-  await page.getByTestId('like-count').filter({ hasText: /^1$/ }).waitFor();
+  await likes.filter({ hasText: /^1$/ }).waitFor();
+  assertNoForeign(assert, context);
+  await context.close();
+});
+
+test('a page opened while the server is away says why, then loads by itself once it is back', async () => {
+  const author = await pulse.signUp(unique('author'));
+  const title = unique('Opened while away');
+  const published = await pulse.graphql(
+    'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id } }',
+    { t: title },
+    author.token,
+  );
+  const context = await newContext(browser, pulse);
+  const page = await context.newPage();
+  await page.goto('/');
+  const state = page.getByTestId('socket-state');
+  await state.filter({ hasText: 'Live' }).waitFor();
+  await page.getByTestId('article-card').first().waitFor();
+
+  await pulse.stop();
+  await state.filter({ hasText: 'Reconnecting…' }).waitFor();
+  // Moving within the loaded app while the server is down: the article's query fails on the network.
+  await page.evaluate((id) => (location.hash = `#/articles/${encodeURIComponent(id)}`), published.publishArticle.id);
+  const failure = page.getByRole('main').getByRole('alert');
+  await failure.waitFor();
+  assert.match(await failure.innerText(), /fetch|network/i);
+  await screenshot(page, 'opened-while-away');
+
+  await pulse.serve();
+  await state.filter({ hasText: 'Live' }).waitFor({ timeout: 30_000 });
+  await page.getByRole('heading', { level: 1, name: title }).waitFor();
+  assert.equal(await failure.count(), 0, 'the network error stays on the page after it loaded');
+  // Loaded late, it is live all the same.
+  const likes = page.getByTestId('like-count');
+  await likes.filter({ hasText: /^0$/ }).waitFor();
+  const fan = await pulse.signUp(unique('fan'));
+  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: published.publishArticle.id }, fan.token);
+  await likes.filter({ hasText: /^1$/ }).waitFor();
   assertNoForeign(assert, context);
   await context.close();
 });

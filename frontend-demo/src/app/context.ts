@@ -14,6 +14,11 @@ export interface Session {
   api: Api;
   /** The signed-in user; null when anonymous. */
   viewer: Viewer | null;
+  /**
+   * How many times the live socket has connected. The server answering the socket again is the
+   * page's sign that requests which failed on the network are worth another try.
+   */
+  connections: number;
   signIn(token: string): void;
   signOut(): void;
 }

@@ -11,13 +11,17 @@ export interface QueryState<Data> {
   refetch(): void;
 }
 
-/** Runs a query on mount and whenever `variables` change (compared as JSON). */
+/**
+ * Runs a query on mount and whenever `variables` change (compared as JSON). One that failed on the
+ * network (the server restarting, say) runs again once the live socket connects again, so a page
+ * heals by itself, as its subscriptions do.
+ */
 export function useQuery<Data, Variables extends AnyVariables>(
   document: TypedDocumentNode<Data, Variables>,
   variables: Variables,
   options: { pause?: boolean } = {},
 ): QueryState<Data> {
-  const { api } = useSession();
+  const { api, connections } = useSession();
   const [state, setState] = useState<{ data: Data | null; error: CombinedError | null; loading: boolean }>({
     data: null,
     error: null,
@@ -40,6 +44,9 @@ export function useQuery<Data, Variables extends AnyVariables>(
     };
   }, [api, document, key, generation, options.pause]);
   const refetch = useCallback(() => setGeneration((n) => n + 1), []);
+  useEffect(() => {
+    if (state.error?.networkError) refetch();
+  }, [connections]);
   return { ...state, refetch };
 }
 

@@ -1,3 +1,4 @@
+import type { CombinedError } from '@urql/core';
 import { useEffect, useMemo, useState } from 'preact/hooks';
 
 import { createApi, type SocketState } from '../lib/api';
@@ -31,16 +32,27 @@ function useRoute(): string[] {
 export function Root() {
   const [token, setToken] = useState(storedToken);
   const [socket, setSocket] = useState<SocketState>('connecting');
-  const api = useMemo(() => createApi(token, setSocket), [token]);
+  const [connections, setConnections] = useState(0);
+  const api = useMemo(
+    () =>
+      createApi(token, (state) => {
+        setSocket(state);
+        if (state === 'live') setConnections((n) => n + 1);
+      }),
+    [token],
+  );
   useEffect(() => () => api.dispose(), [api]);
 
   const [viewer, setViewer] = useState<{ for: string | null; viewer: Viewer | null } | null>(null);
-  const [viewerError, setViewerError] = useState<Error | null>(null);
+  const [viewerError, setViewerError] = useState<CombinedError | null>(null);
+  const [viewerAttempt, setViewerAttempt] = useState(0);
   useEffect(() => {
+    let current = true;
     api.client
       .query(ViewerQuery, {})
       .toPromise()
       .then((result) => {
+        if (!current) return;
         const code = result.error?.graphQLErrors[0]?.extensions?.code;
         if (code === 'UNAUTHENTICATED' && token) {
           // A token the server no longer accepts (expired, or another secret): start anonymous.
@@ -49,13 +61,22 @@ export function Root() {
           return;
         }
         setViewerError(result.error ?? null);
-        setViewer({ for: token, viewer: result.data?.viewer ?? null });
+        // Unreachable is not anonymous: the pages wait for an answer, asked again when the
+        // socket connects.
+        if (!result.error?.networkError) setViewer({ for: token, viewer: result.data?.viewer ?? null });
       });
-  }, [api]);
+    return () => {
+      current = false;
+    };
+  }, [api, viewerAttempt]);
+  useEffect(() => {
+    if (viewerError?.networkError) setViewerAttempt((n) => n + 1);
+  }, [connections]);
 
   const session: Session = {
     api,
     viewer: viewer?.viewer ?? null,
+    connections,
     signIn(next) {
       storeToken(next);
       setToken(next);
