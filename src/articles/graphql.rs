@@ -288,6 +288,9 @@ impl ArticlesSubscription {
             .published(after, author_id)
             .await
             .gql()?;
+        // Each event is a new article: what its subscribers share (its author) is read once per
+        // span of the shared loaders, and none of it is older than that span.
+        loaders(ctx).share();
         Ok(published.map(|article| article.map(Article).gql()))
     }
 

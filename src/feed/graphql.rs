@@ -1,6 +1,6 @@
-use async_graphql::connection::{Connection, ConnectionNameType, Edge, EdgeNameType, EmptyFields};
 use std::sync::{Arc, Mutex};
 
+use async_graphql::connection::{Connection, ConnectionNameType, Edge, EdgeNameType, EmptyFields};
 use async_graphql::{Context, Data, Object, OutputType, SimpleObject, Subscription};
 use futures_util::stream::BoxStream;
 use futures_util::{FutureExt as _, StreamExt as _};
@@ -108,12 +108,16 @@ impl FeedSubscription {
             item.map(|(cursor, row)| Edge::new(cursor.into_string(), Article(row)))
                 .gql()
         });
+        // The items are resolved with the process's shared loaders: an item's reads of what its
+        // followers share (its author) are made once, not once per follower, and none is older
+        // than the shared loaders' span (a follower's own, kept for its life, showed an author's
+        // follower count as it was at the first item).
+        loaders(ctx).share();
         let Some(detach) = ctx.data_opt::<Arc<Detach>>() else {
             return Ok(edges.boxed());
         };
-        // The driver resolves each item in an execution of its own, with the operation's loaders,
-        // so an item's reads of what the items share (its author) are made once per subscriber
-        // as before, not once per item.
+        // The driver resolves each item in an execution of its own, which brings the operation's
+        // loaders.
         let loaders = loaders(ctx).clone();
         detach.hand_over(
             edges

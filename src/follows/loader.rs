@@ -2,6 +2,7 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use futures_util::future::try_join_all;
 use pulse_kit::context::{FromServices, Registry};
 
 use super::FollowService;
@@ -46,13 +47,15 @@ impl Loader<(i64, i64)> for ViewerFollowsLoader {
         for &(viewer, user) in keys {
             by_viewer.entry(viewer).or_default().push(user);
         }
+        // Viewers at once: a batch of a shared loader holds the followers of one item.
+        let answers = try_join_all(by_viewer.into_iter().map(|(viewer, users)| async move {
+            let followed = self.0.follows_among(viewer, &users).await;
+            followed.map(|followed| (viewer, users, followed))
+        }))
+        .await
+        .map_err(|err| err.extend())?;
         let mut found = HashMap::with_capacity(keys.len());
-        for (viewer, users) in by_viewer {
-            let followed = self
-                .0
-                .follows_among(viewer, &users)
-                .await
-                .map_err(|err| err.extend())?;
+        for (viewer, users, followed) in answers {
             found.extend(users.iter().map(|&user| ((viewer, user), false)));
             found.extend(followed.into_iter().map(|user| ((viewer, user), true)));
         }

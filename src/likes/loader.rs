@@ -2,6 +2,7 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
+use futures_util::future::try_join_all;
 use pulse_kit::context::{FromServices, Registry};
 
 use super::service::{LikeService, LiveLikes};
@@ -49,13 +50,16 @@ impl Loader<(i64, Subject)> for ViewerLikedLoader {
         for &(user, subject) in keys {
             by_user.entry(user).or_default().push(subject);
         }
+        // Users at once: a batch of a shared loader holds the followers of one item, each asking
+        // about themself.
+        let found = try_join_all(by_user.into_iter().map(|(user, subjects)| async move {
+            let found = self.0.liked_by(user, &subjects).await;
+            found.map(|found| (user, found))
+        }))
+        .await
+        .map_err(|err| err.extend())?;
         let mut liked = HashMap::with_capacity(keys.len());
-        for (user, subjects) in by_user {
-            let found = self
-                .0
-                .liked_by(user, &subjects)
-                .await
-                .map_err(|err| err.extend())?;
+        for (user, found) in found {
             liked.extend(
                 found
                     .into_iter()

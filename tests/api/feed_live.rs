@@ -19,13 +19,12 @@ const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title 
 /// A websocket of `user` subscribed to `feedItemAdded`, once the subscription reached Redis and
 /// the user shows as online.
 pub(crate) async fn subscribed(app: &TestApp, user: i64) -> Socket {
-    let socket = subscribed_as(
-        app,
-        json!({ "token": token(app, user) }),
-        FEED_ITEMS,
-        json!({}),
-    )
-    .await;
+    subscribed_with(app, user, FEED_ITEMS).await
+}
+
+/// As [`subscribed`], with `query`'s selection.
+async fn subscribed_with(app: &TestApp, user: i64, query: &str) -> Socket {
+    let socket = subscribed_as(app, json!({ "token": token(app, user) }), query, json!({})).await;
     let channel = app.state.redis.keys.feed_channel(user);
     let online = app.state.redis.keys.feed_user(user).online();
     let mut conn = app.state.redis.conn.clone();
@@ -311,4 +310,39 @@ async fn feed_subscribers_wait_detached_between_items_and_get_each_item_once() {
         detached().await == 0.0
     })
     .await;
+}
+
+/// A feed item shows its author as the item is resolved, not as the subscriber's first item did:
+/// the items load through the process's shared loaders, which are never older than
+/// `SHARED_LOADERS_FOR`, where a subscriber's own kept the first reading for its life.
+#[tokio::test]
+async fn a_feed_item_shows_its_authors_counts_as_they_are_when_it_arrives() {
+    const WITH_AUTHOR: &str =
+        "subscription { feedItemAdded { node { id author { handle followerCount } } } }";
+    let app = TestApp::spawn().await;
+    let people = users(&app, "fresh", 3).await;
+    let (author, follower, fan) = (people[0], people[1], people[2]);
+    bulk_follow(&app, &[follower], author).await;
+    let mut socket = subscribed_with(&app, follower, WITH_AUTHOR).await;
+    let followers_shown = async |socket: &mut Socket, article: i64| {
+        let message = next_message(socket).await.expect("the socket stays open");
+        assert_eq!(item_id(&message), article);
+        message["payload"]["data"]["feedItemAdded"]["node"]["author"]["followerCount"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no follower count: {message}"))
+    };
+
+    let first = publish(&app, &token(&app, author), "before the fan").await;
+    assert_eq!(followers_shown(&mut socket, first).await, 1);
+    let followed = app
+        .graphql_as(
+            Some(&token(&app, fan)),
+            "mutation($u: ID!) { follow(userId: $u) { following } }",
+            json!({ "u": crate::feed::user_id(author) }),
+        )
+        .await;
+    assert_eq!(followed["data"]["follow"]["following"], true, "{followed}");
+    tokio::time::sleep(pulse_kit::context::SHARED_LOADERS_FOR * 2).await;
+    let second = publish(&app, &token(&app, author), "after the fan").await;
+    assert_eq!(followers_shown(&mut socket, second).await, 2);
 }

@@ -163,6 +163,57 @@ async fn new_articles_arrive_over_graphql_transport_ws() {
     );
 }
 
+/// A subscription that reads the viewer is resolved for its connection alone, event after event:
+/// each article still shows its author as they are when it arrives, not as the first one found
+/// them (its loads go through the process's shared loaders, never older than
+/// `SHARED_LOADERS_FOR`).
+#[tokio::test]
+async fn a_viewers_new_articles_show_their_authors_as_they_are_when_each_arrives() {
+    const WITH_AUTHOR: &str =
+        "subscription { articlePublished { title viewerHasLiked author { followerCount } } }";
+    let app = TestApp::spawn().await;
+    let (author, author_id) = app.sign_up("ines").await;
+    let (viewer, _) = app.sign_up("olga").await;
+    let (fan, _) = app.sign_up("pia").await;
+    let follow = async |token: &str| {
+        let followed = app
+            .graphql_as(
+                Some(token),
+                "mutation($u: ID!) { follow(userId: $u) { following } }",
+                json!({ "u": author_id }),
+            )
+            .await;
+        assert_eq!(followed["data"]["follow"]["following"], true, "{followed}");
+    };
+    follow(&viewer).await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": viewer })).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": { "query": WITH_AUTHOR } }),
+    )
+    .await;
+    wait_until_listening(&app).await;
+    let mut followers_shown = async |title: &str| {
+        app.publish(&author, title).await;
+        let message = next_message(&mut socket).await.unwrap();
+        let article = &message["payload"]["data"]["articlePublished"];
+        assert_eq!(article["title"], title, "{message}");
+        assert_eq!(article["viewerHasLiked"], false, "{message}");
+        article["author"]["followerCount"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no follower count: {message}"))
+    };
+
+    assert_eq!(followers_shown("before the fan").await, 1);
+    follow(&fan).await;
+    tokio::time::sleep(pulse_kit::context::SHARED_LOADERS_FOR * 2).await;
+    assert_eq!(followers_shown("after the fan").await, 2);
+}
+
 #[tokio::test]
 async fn new_articles_arrive_over_the_legacy_graphql_ws_protocol() {
     let app = TestApp::spawn().await;

@@ -6,7 +6,9 @@
 //! of the request. "A request" is one operation, however it came ([`FreshLoaders`] gives each its
 //! own): a websocket's operations do not share what an earlier one loaded, and each event of a
 //! shared subscription (one whose data holds [`FreshEachEvent`]) is resolved with loaders that
-//! remember nothing of the events before it.
+//! remember nothing of the events before it. A long-lived subscription may instead load through
+//! the process's shared loaders ([`Loaders::share`]), which every such request uses for a tenth of
+//! a second before the next ones replace them.
 //!
 //! A loader gathers the keys asked for within a millisecond of the first one. On a loaded machine a
 //! page's resolvers can take longer than that to run, and the batch splits; so resolvers that
@@ -19,6 +21,7 @@
 use std::any::{Any, TypeId, type_name};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_graphql::dataloader::{DataLoader, HashMapCache};
 use async_graphql::extensions::{
@@ -77,46 +80,94 @@ pub trait FromServices: Send + Sync + 'static {
     fn from_services(services: &Registry) -> Self;
 }
 
+/// How long the process's shared loaders keep what they loaded: the oldest value an event of a
+/// long-lived subscription can show, and the span whose events share one read of each thing.
+pub const SHARED_LOADERS_FOR: Duration = Duration::from_millis(100);
+
+/// What loaders are made of, kept by kind.
+type Made = Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>;
+
 /// One request's loaders, by kind. A clone shares them.
 #[derive(Clone)]
 pub struct Loaders {
     services: Arc<Registry>,
-    made: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
+    shared: Arc<SharedLoaders>,
+    /// The request's own; `None` once it loads through the shared ones.
+    own: Arc<Mutex<Option<Made>>>,
 }
 
 impl Loaders {
-    pub fn new(services: Arc<Registry>) -> Self {
+    pub(crate) fn new(services: Arc<Registry>, shared: Arc<SharedLoaders>) -> Self {
         Self {
             services,
-            made: Arc::default(),
+            shared,
+            own: Arc::new(Mutex::new(Some(Made::default()))),
         }
     }
 
     /// Drops every loader and what it loaded: the next load reads afresh.
     pub fn forget(&self) {
-        self.made
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clear();
+        if let Some(made) = &*lock(&self.own) {
+            lock(made).clear();
+        }
+    }
+
+    /// From now on, this request (every clone) loads through the process's shared loaders, and
+    /// what it loaded itself is dropped. For a subscription that lives long and whose events each
+    /// bring something new to resolve (a feed's items): what the events of all its subscribers
+    /// share (an item's author) is read once per [`SHARED_LOADERS_FOR`], not once per subscriber,
+    /// no value it shows is older than that, and an idle subscriber keeps no loader of its own.
+    /// Not for a snapshot made because something changed: a value read just before the change
+    /// may be served to it for a moment, and no later snapshot comes to correct it.
+    pub fn share(&self) {
+        lock(&self.own).take();
     }
 
     /// This request's loader of kind `L`, made on first use.
     pub fn get<L: FromServices>(&self) -> Arc<DataLoader<L, HashMapCache>> {
-        let mut made = self
-            .made
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let loader = made.entry(TypeId::of::<L>()).or_insert_with(|| {
-            Arc::new(DataLoader::with_cache(
-                L::from_services(&self.services),
-                tokio::spawn,
-                HashMapCache::default(),
-            ))
-        });
-        Arc::clone(loader)
+        let own = lock(&self.own).clone();
+        let made = own.unwrap_or_else(|| self.shared.current());
+        let loader = lock(&made)
+            .entry(TypeId::of::<L>())
+            .or_insert_with(|| {
+                Arc::new(DataLoader::with_cache(
+                    L::from_services(&self.services),
+                    tokio::spawn,
+                    HashMapCache::default(),
+                ))
+            })
+            .clone();
+        loader
             .downcast::<DataLoader<L, HashMapCache>>()
             .expect("loaders are stored under their own type id")
     }
+}
+
+/// The process's loaders for requests that [share](Loaders::share): made afresh once the current
+/// ones are [`SHARED_LOADERS_FOR`] old, so that what they keep is never older and never more than
+/// one span's loads.
+#[derive(Default)]
+pub(crate) struct SharedLoaders {
+    current: Mutex<Option<(Instant, Made)>>,
+}
+
+impl SharedLoaders {
+    fn current(&self) -> Made {
+        let mut current = lock(&self.current);
+        let now = Instant::now();
+        match &*current {
+            Some((made_at, made)) if now.duration_since(*made_at) < SHARED_LOADERS_FOR => {
+                made.clone()
+            }
+            _ => current.insert((now, Made::default())).1.clone(),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The schema extension that gives every operation its own [`Loaders`], in the request's data
@@ -129,23 +180,31 @@ impl Loaders {
 /// reasons below.
 ///
 /// A subscription whose data holds [`FreshEachEvent`] has its loaders forget what they loaded once
-/// each event is resolved. Others keep theirs for their life: forgetting costs each subscriber a
-/// read per event of what the events share (a feed item's author: 10,000 followers made the
-/// server's CPU per message three times what it was), so a field of something that comes back
-/// event after event (an author's follower count) shows what it was when first read.
+/// each event is resolved. One that [shares](Loaders::share) loads through the process's shared
+/// loaders. Others keep theirs for their life. Forgetting would cost each subscriber a read per
+/// event of what the events share (a feed item's author: 10,000 followers made the server's CPU
+/// per message three times what it was); keeping shows a field of something that comes back event
+/// after event (an author's follower count) as it was when first read.
 pub struct FreshLoaders {
     services: Arc<Registry>,
+    shared: Arc<SharedLoaders>,
 }
 
 impl FreshLoaders {
     pub fn new(services: Arc<Registry>) -> Self {
-        Self { services }
+        Self {
+            services,
+            shared: Arc::default(),
+        }
     }
 }
 
 impl ExtensionFactory for FreshLoaders {
     fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(OperationLoaders(Loaders::new(self.services.clone())))
+        Arc::new(OperationLoaders(Loaders::new(
+            self.services.clone(),
+            self.shared.clone(),
+        )))
     }
 }
 
@@ -208,5 +267,50 @@ mod tests {
     #[should_panic(expected = "Counter is registered")]
     fn a_missing_service_names_its_type() {
         Registry::default().get::<Counter>();
+    }
+
+    /// A loader that counts its reads, in a registry of its own.
+    struct Reads(Arc<std::sync::atomic::AtomicUsize>);
+
+    struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl FromServices for Counting {
+        fn from_services(services: &Registry) -> Self {
+            Self(services.get::<Reads>().0.clone())
+        }
+    }
+
+    impl async_graphql::dataloader::Loader<i64> for Counting {
+        type Value = i64;
+        type Error = String;
+
+        async fn load(&self, keys: &[i64]) -> Result<HashMap<i64, i64>, String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(keys.iter().map(|&key| (key, key * 10)).collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_that_share_read_once_per_span_and_the_others_for_themselves() {
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let read = || reads.load(std::sync::atomic::Ordering::SeqCst);
+        let services = Arc::new(Registry::default().with(Reads(reads.clone())));
+        let shared = Arc::new(SharedLoaders::default());
+        let [first, second, own] = [(); 3].map(|()| Loaders::new(services.clone(), shared.clone()));
+        first.share();
+        // A clone is the same request: it shares too.
+        second.clone().share();
+
+        assert_eq!(first.get::<Counting>().load_one(7).await, Ok(Some(70)));
+        assert_eq!(second.get::<Counting>().load_one(7).await, Ok(Some(70)));
+        assert_eq!(read(), 1, "two requests sharing within one span read once");
+        assert_eq!(own.get::<Counting>().load_one(7).await, Ok(Some(70)));
+        assert_eq!(read(), 2, "a request of its own reads for itself");
+
+        tokio::time::sleep(SHARED_LOADERS_FOR + Duration::from_millis(20)).await;
+        assert_eq!(second.get::<Counting>().load_one(7).await, Ok(Some(70)));
+        assert_eq!(read(), 3, "a span later, the shared loaders read afresh");
+        assert_eq!(own.get::<Counting>().load_one(7).await, Ok(Some(70)));
+        assert_eq!(read(), 3, "a request's own loaders keep what they read");
     }
 }
