@@ -11,17 +11,22 @@ let browser;
 before(async () => ({ pulse, browser } = await startServerAndBrowser()));
 after(() => stopServerAndBrowser({ pulse, browser }));
 
-test('a dropped socket shows "reconnecting", then recovers and carries live updates again', async () => {
+/** An article of a new author, under a unique title: its id and title. */
+async function publishArticle(title) {
   const author = await pulse.signUp(unique('author'));
-  const title = unique('Survives restarts');
   const published = await pulse.graphql(
-    'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id } }',
-    { t: title },
+    'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id title } }',
+    { t: unique(title) },
     author.token,
   );
+  return published.publishArticle;
+}
+
+test('a dropped socket shows "reconnecting", then recovers and carries live updates again', async () => {
+  const article = await publishArticle('Survives restarts');
   const context = await newContext(browser, pulse);
   const page = await context.newPage();
-  await page.goto(`/#/articles/${encodeURIComponent(published.publishArticle.id)}`);
+  await page.goto(`/#/articles/${encodeURIComponent(article.id)}`);
   const state = page.getByTestId('socket-state');
   await state.filter({ hasText: 'Live' }).waitFor();
   // "Live" is the socket's acknowledgement, which may come before the article and so before its
@@ -37,20 +42,14 @@ test('a dropped socket shows "reconnecting", then recovers and carries live upda
 
   // The page's subscription was resumed on the new socket: a like from elsewhere shows up.
   const fan = await pulse.signUp(unique('fan'));
-  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: published.publishArticle.id }, fan.token);
+  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: article.id }, fan.token);
   await likes.filter({ hasText: /^1$/ }).waitFor();
   assertNoForeign(assert, context);
   await context.close();
 });
 
 test('a page opened while the server is away says why, then loads by itself once it is back', async () => {
-  const author = await pulse.signUp(unique('author'));
-  const title = unique('Opened while away');
-  const published = await pulse.graphql(
-    'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id } }',
-    { t: title },
-    author.token,
-  );
+  const article = await publishArticle('Opened while away');
   const context = await newContext(browser, pulse);
   const page = await context.newPage();
   await page.goto('/');
@@ -61,7 +60,7 @@ test('a page opened while the server is away says why, then loads by itself once
   await pulse.stop();
   await state.filter({ hasText: 'Reconnecting…' }).waitFor();
   // Moving within the loaded app while the server is down: the article's query fails on the network.
-  await page.evaluate((id) => (location.hash = `#/articles/${encodeURIComponent(id)}`), published.publishArticle.id);
+  await page.evaluate((id) => (location.hash = `#/articles/${encodeURIComponent(id)}`), article.id);
   const failure = page.getByRole('main').getByRole('alert');
   await failure.waitFor();
   assert.match(await failure.innerText(), /fetch|network/i);
@@ -69,13 +68,13 @@ test('a page opened while the server is away says why, then loads by itself once
 
   await pulse.serve();
   await state.filter({ hasText: 'Live' }).waitFor({ timeout: 30_000 });
-  await page.getByRole('heading', { level: 1, name: title }).waitFor();
+  await page.getByRole('heading', { level: 1, name: article.title }).waitFor();
   assert.equal(await failure.count(), 0, 'the network error stays on the page after it loaded');
   // Loaded late, it is live all the same.
   const likes = page.getByTestId('like-count');
   await likes.filter({ hasText: /^0$/ }).waitFor();
   const fan = await pulse.signUp(unique('fan'));
-  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: published.publishArticle.id }, fan.token);
+  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: article.id }, fan.token);
   await likes.filter({ hasText: /^1$/ }).waitFor();
   assertNoForeign(assert, context);
   await context.close();
