@@ -214,6 +214,59 @@ async fn a_viewers_new_articles_show_their_authors_as_they_are_when_each_arrives
     assert_eq!(followers_shown("after the fan").await, 2);
 }
 
+/// Many viewers' `articlePublished` resolve the same article at once through the process's shared
+/// loaders, where one batch holds all their `viewerFollows` questions: each viewer gets its own
+/// answer, never another's.
+#[tokio::test]
+async fn viewers_resolving_one_article_at_once_each_get_their_own_answer() {
+    const VIEWERS: usize = 120;
+    const QUERY: &str = "subscription { articlePublished { title author { viewerFollows } } }";
+    let app = TestApp::spawn().await;
+    let people = crate::feed::users(&app, "mixed", VIEWERS + 1).await;
+    let (author, viewers) = (people[0], &people[1..]);
+    let following: Vec<i64> = viewers.iter().copied().step_by(2).collect();
+    crate::feed::bulk_follow(&app, &following, author).await;
+    let mut sockets = Vec::new();
+    for &viewer in viewers {
+        let token = crate::feed::token(&app, viewer);
+        let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": token })).await;
+        assert_eq!(
+            next_message(&mut socket).await.unwrap()["type"],
+            "connection_ack"
+        );
+        send(
+            &mut socket,
+            json!({ "id": "1", "type": "subscribe", "payload": { "query": QUERY } }),
+        )
+        .await;
+        sockets.push((viewer, socket));
+    }
+    let channel = app.state.redis.keys.articles_published_channel();
+    eventually("every viewer is subscribed", async || {
+        app.state.hub.local_subscribers(&channel) == VIEWERS
+    })
+    .await;
+    wait_until_listening(&app).await;
+
+    app.publish(&crate::feed::token(&app, author), "for some")
+        .await;
+    let answers =
+        futures_util::future::join_all(sockets.iter_mut().map(async |(viewer, socket)| {
+            let message = next_message(socket).await.unwrap();
+            let article = &message["payload"]["data"]["articlePublished"];
+            assert_eq!(article["title"], "for some", "{message}");
+            (*viewer, article["author"]["viewerFollows"].clone())
+        }))
+        .await;
+    for (viewer, follows) in answers {
+        assert_eq!(
+            follows,
+            following.contains(&viewer),
+            "viewer {viewer} was answered for another"
+        );
+    }
+}
+
 #[tokio::test]
 async fn new_articles_arrive_over_the_legacy_graphql_ws_protocol() {
     let app = TestApp::spawn().await;
