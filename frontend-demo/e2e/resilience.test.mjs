@@ -1,9 +1,19 @@
-// A dropped socket says so and heals, a page that could not load heals with it, and the app works
-// by keyboard and at phone width. This file restarts its server, so it has one of its own.
+// A dropped socket says so and heals, a page that could not load heals with it, the feed misses
+// nothing published meanwhile, and the app works by keyboard and at phone width. This file
+// restarts its server, so it has one of its own.
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { assertNoForeign, newContext, screenshot, startServerAndBrowser, stopServerAndBrowser, unique } from './harness.mjs';
+import {
+  assertNoForeign,
+  newContext,
+  screenshot,
+  signInThroughUi,
+  startServerAndBrowser,
+  stopServerAndBrowser,
+  unique,
+  waitFor,
+} from './harness.mjs';
 
 let pulse;
 let browser;
@@ -76,6 +86,50 @@ test('a page opened while the server is away says why, then loads by itself once
   const fan = await pulse.signUp(unique('fan'));
   await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: article.id }, fan.token);
   await likes.filter({ hasText: /^1$/ }).waitFor();
+  assertNoForeign(assert, context);
+  await context.close();
+});
+
+test('the feed gets what was published while its socket was away', async () => {
+  const publish = 'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id } }';
+  const author = await pulse.signUp(unique('writer'));
+  const reader = await pulse.signUp(unique('reader'));
+  await pulse.graphql('mutation($u: ID!) { follow(userId: $u) { following } }', { u: author.id }, reader.token);
+  const context = await newContext(browser, pulse);
+  // The page's socket goes through here, so that the test can cut it and keep it away.
+  let away = false;
+  let socket = null;
+  await context.routeWebSocket(
+    (url) => url.host === new URL(pulse.origin).host,
+    (route) => {
+      if (away) return route.close();
+      socket = route;
+      route.connectToServer();
+    },
+  );
+  const page = await context.newPage();
+  await signInThroughUi(page, reader);
+  await page.goto('/#/feed');
+  const state = page.getByTestId('socket-state');
+  // A first live item: the follow has reached the fan-out, and the page holds a cursor.
+  const banner = page.getByRole('button', { name: /new posts? — show/ });
+  await waitFor('a first live item', async () => {
+    await pulse.graphql(publish, { t: unique('Before') }, author.token);
+    return banner.isVisible();
+  });
+  await banner.click();
+
+  away = true;
+  await socket.close();
+  await state.filter({ hasText: 'Reconnecting…' }).waitFor();
+  const missed = unique('Published while away');
+  await pulse.graphql(publish, { t: missed }, author.token);
+  away = false;
+  await state.filter({ hasText: 'Live' }).waitFor({ timeout: 30_000 });
+  await banner.waitFor();
+  assert.match(await banner.innerText(), /^1 new post —/);
+  await banner.click();
+  await page.getByTestId('article-card').filter({ hasText: missed }).first().waitFor();
   assertNoForeign(assert, context);
   await context.close();
 });

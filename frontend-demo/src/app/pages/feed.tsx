@@ -1,4 +1,4 @@
-import { useEffect, useRef, useState } from 'preact/hooks';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 
 import { type FragmentOf, graphql, readFragment } from '../../lib/graphql';
 import { ArticleCard, ArticleCardFields } from '../articleCard';
@@ -10,7 +10,7 @@ const Feed = graphql(
   `
   query Feed($after: String) {
     feed(first: 10, after: $after) {
-      edges { node { ...ArticleCardFields } }
+      edges { cursor node { ...ArticleCardFields } }
       pageInfo { hasNextPage endCursor }
       regenerating
     }
@@ -21,7 +21,7 @@ const Feed = graphql(
 
 const ItemAdded = graphql(
   `
-  subscription ItemAdded { feedItemAdded { node { ...ArticleCardFields } } }
+  subscription ItemAdded($after: String) { feedItemAdded(after: $after) { cursor node { ...ArticleCardFields } } }
 `,
   [ArticleCardFields],
 );
@@ -59,12 +59,23 @@ function Timeline({ viewerId }: { viewerId: string }) {
   const [fresh, setFresh] = useState<Item[]>([]);
   const connection = page.data?.feed;
 
+  // The newest cursor the page holds, of the first page or of a live item: where the live items
+  // resume after the socket was lost, so that what was published meanwhile still arrives.
+  const newest = useRef<string | null>(null);
   useEffect(() => {
     const nodes = connection?.edges.map((edge) => edge.node);
     if (nodes) setItems((previous) => unique(after ? [...previous, ...nodes] : nodes));
+    if (!after && !newest.current) newest.current = connection?.edges[0]?.cursor ?? null;
   }, [page.data]);
 
-  useSubscription(ItemAdded, {}, (data) => setFresh((previous) => unique([data.feedItemAdded.node, ...previous])));
+  // Subscribed again, after the newest cursor, each time the socket connects again (the client
+  // would otherwise repeat the first subscription as it was sent).
+  const { connections } = useSession();
+  const resume = useMemo(() => ({ after: newest.current }), [connections]);
+  const liveError = useSubscription(ItemAdded, resume, (data) => {
+    newest.current = data.feedItemAdded.cursor;
+    setFresh((previous) => unique([data.feedItemAdded.node, ...previous]));
+  });
 
   const unseen = fresh.filter((item) => !items.some((shown) => idOf(shown) === idOf(item)));
   const loadMore = () => {
@@ -93,7 +104,7 @@ function Timeline({ viewerId }: { viewerId: string }) {
           Welcome back: your timeline is being rebuilt, so this page came straight from the database.
         </p>
       )}
-      <ErrorNotice error={page.error} />
+      <ErrorNotice error={page.error ?? liveError} />
       {items.map((item) => (
         <ArticleCard key={idOf(item)} article={item} />
       ))}
