@@ -21,15 +21,19 @@ let browser;
 before(async () => ({ pulse, browser } = await startServerAndBrowser()));
 after(() => stopServerAndBrowser({ pulse, browser }));
 
+const PUBLISH = 'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id title } }';
+
 /** An article of a new author, under a unique title: its id and title. */
 async function publishArticle(title) {
   const author = await pulse.signUp(unique('author'));
-  const published = await pulse.graphql(
-    'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id title } }',
-    { t: unique(title) },
-    author.token,
-  );
-  return published.publishArticle;
+  return (await pulse.graphql(PUBLISH, { t: unique(title) }, author.token)).publishArticle;
+}
+
+/** A new user likes `article` through the API; the page's live like count must show it. */
+async function likedFromElsewhere(page, article) {
+  const fan = await pulse.signUp(unique('fan'));
+  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: article.id }, fan.token);
+  await page.getByTestId('like-count').filter({ hasText: /^1$/ }).waitFor();
 }
 
 test('a dropped socket shows "reconnecting", then recovers and carries live updates again', async () => {
@@ -51,9 +55,7 @@ test('a dropped socket shows "reconnecting", then recovers and carries live upda
   await state.filter({ hasText: 'Live' }).waitFor({ timeout: 30_000 });
 
   // The page's subscription was resumed on the new socket: a like from elsewhere shows up.
-  const fan = await pulse.signUp(unique('fan'));
-  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: article.id }, fan.token);
-  await likes.filter({ hasText: /^1$/ }).waitFor();
+  await likedFromElsewhere(page, article);
   assertNoForeign(assert, context);
   await context.close();
 });
@@ -83,15 +85,12 @@ test('a page opened while the server is away says why, then loads by itself once
   // Loaded late, it is live all the same.
   const likes = page.getByTestId('like-count');
   await likes.filter({ hasText: /^0$/ }).waitFor();
-  const fan = await pulse.signUp(unique('fan'));
-  await pulse.graphql('mutation($id: ID!) { like(subjectId: $id) { likeCount } }', { id: article.id }, fan.token);
-  await likes.filter({ hasText: /^1$/ }).waitFor();
+  await likedFromElsewhere(page, article);
   assertNoForeign(assert, context);
   await context.close();
 });
 
 test('the feed gets what was published while its socket was away', async () => {
-  const publish = 'mutation($t: String!) { publishArticle(input: { title: $t, body: "b" }) { id } }';
   const author = await pulse.signUp(unique('writer'));
   const reader = await pulse.signUp(unique('reader'));
   await pulse.graphql('mutation($u: ID!) { follow(userId: $u) { following } }', { u: author.id }, reader.token);
@@ -114,7 +113,7 @@ test('the feed gets what was published while its socket was away', async () => {
   // A first live item: the follow has reached the fan-out, and the page holds a cursor.
   const banner = page.getByRole('button', { name: /new posts? — show/ });
   await waitFor('a first live item', async () => {
-    await pulse.graphql(publish, { t: unique('Before') }, author.token);
+    await pulse.graphql(PUBLISH, { t: unique('Before') }, author.token);
     return banner.isVisible();
   });
   await banner.click();
@@ -123,7 +122,7 @@ test('the feed gets what was published while its socket was away', async () => {
   await socket.close();
   await state.filter({ hasText: 'Reconnecting…' }).waitFor();
   const missed = unique('Published while away');
-  await pulse.graphql(publish, { t: missed }, author.token);
+  await pulse.graphql(PUBLISH, { t: missed }, author.token);
   away = false;
   await state.filter({ hasText: 'Live' }).waitFor({ timeout: 30_000 });
   await banner.waitFor();

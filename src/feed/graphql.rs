@@ -117,7 +117,7 @@ impl FeedSubscription {
             return Ok(edges.boxed());
         };
         // The driver resolves each item in an execution of its own, which brings the operation's
-        // loaders.
+        // loaders: the shared ones, where loaders of the execution's own would read per follower.
         let loaders = loaders(ctx).clone();
         detach.hand_over(
             edges

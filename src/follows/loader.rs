@@ -2,7 +2,6 @@ use std::collections::HashMap;
 
 use async_graphql::ErrorExtensions;
 use async_graphql::dataloader::Loader;
-use futures_util::future::try_join_all;
 use pulse_kit::context::{FromServices, Registry};
 
 use super::FollowService;
@@ -43,21 +42,25 @@ impl Loader<(i64, i64)> for ViewerFollowsLoader {
         &self,
         keys: &[(i64, i64)],
     ) -> Result<HashMap<(i64, i64), Self::Value>, Self::Error> {
-        let mut by_viewer: HashMap<i64, Vec<i64>> = HashMap::new();
-        for &(viewer, user) in keys {
-            by_viewer.entry(viewer).or_default().push(user);
+        // One query for the batch, whatever its viewers: a batch of a shared loader holds the
+        // followers of one item, each asking about themself. It may find follows no key asked
+        // about (another viewer's of another user), which are left out.
+        let mut viewers: Vec<i64> = keys.iter().map(|&(viewer, _)| viewer).collect();
+        let mut users: Vec<i64> = keys.iter().map(|&(_, user)| user).collect();
+        for ids in [&mut viewers, &mut users] {
+            ids.sort_unstable();
+            ids.dedup();
         }
-        // Viewers at once: a batch of a shared loader holds the followers of one item.
-        let answers = try_join_all(by_viewer.into_iter().map(|(viewer, users)| async move {
-            let followed = self.0.follows_among(viewer, &users).await;
-            followed.map(|followed| (viewer, users, followed))
-        }))
-        .await
-        .map_err(|err| err.extend())?;
-        let mut found = HashMap::with_capacity(keys.len());
-        for (viewer, users, followed) in answers {
-            found.extend(users.iter().map(|&user| ((viewer, user), false)));
-            found.extend(followed.into_iter().map(|user| ((viewer, user), true)));
+        let follows = self
+            .0
+            .follows_among(&viewers, &users)
+            .await
+            .map_err(|err| err.extend())?;
+        let mut found: HashMap<(i64, i64), bool> = keys.iter().map(|&key| (key, false)).collect();
+        for pair in follows {
+            if let Some(follows) = found.get_mut(&pair) {
+                *follows = true;
+            }
         }
         Ok(found)
     }

@@ -184,14 +184,19 @@ impl FollowService {
             .collect())
     }
 
-    /// Which of `followees` `follower` follows.
-    pub async fn follows_among(&self, follower: i64, followees: &[i64]) -> AppResult<Vec<i64>> {
+    /// The follows from any of `followers` to any of `followees`, as (follower, followee).
+    pub async fn follows_among(
+        &self,
+        followers: &[i64],
+        followees: &[i64],
+    ) -> AppResult<Vec<(i64, i64)>> {
         let query = follows::Entity::find()
             .select_only()
+            .column(follows::Column::FollowerId)
             .column(follows::Column::FolloweeId)
-            .filter(follows::Column::FollowerId.eq(follower))
+            .filter(follows::Column::FollowerId.is_in(followers.iter().copied()))
             .filter(follows::Column::FolloweeId.is_in(followees.iter().copied()));
-        Ok(retry_once(|| query.clone().into_tuple::<i64>().all(&self.db)).await?)
+        Ok(retry_once(|| query.clone().into_tuple::<(i64, i64)>().all(&self.db)).await?)
     }
 
     /// Everyone `follower` follows.

@@ -186,16 +186,7 @@ async fn a_viewers_new_articles_show_their_authors_as_they_are_when_each_arrives
         assert_eq!(followed["data"]["follow"]["following"], true, "{followed}");
     };
     follow(&viewer).await;
-    let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": viewer })).await;
-    assert_eq!(
-        next_message(&mut socket).await.unwrap()["type"],
-        "connection_ack"
-    );
-    send(
-        &mut socket,
-        json!({ "id": "1", "type": "subscribe", "payload": { "query": WITH_AUTHOR } }),
-    )
-    .await;
+    let mut socket = subscribed_as(&app, json!({ "token": viewer }), WITH_AUTHOR, json!({})).await;
     wait_until_listening(&app).await;
     let mut followers_shown = async |title: &str| {
         app.publish(&author, title).await;
@@ -229,16 +220,7 @@ async fn viewers_resolving_one_article_at_once_each_get_their_own_answer() {
     let mut sockets = Vec::new();
     for &viewer in viewers {
         let token = crate::feed::token(&app, viewer);
-        let mut socket = connect(&app, "graphql-transport-ws", json!({ "token": token })).await;
-        assert_eq!(
-            next_message(&mut socket).await.unwrap()["type"],
-            "connection_ack"
-        );
-        send(
-            &mut socket,
-            json!({ "id": "1", "type": "subscribe", "payload": { "query": QUERY } }),
-        )
-        .await;
+        let socket = subscribed_as(&app, json!({ "token": token }), QUERY, json!({})).await;
         sockets.push((viewer, socket));
     }
     let channel = app.state.redis.keys.articles_published_channel();

@@ -84,8 +84,8 @@ pub trait FromServices: Send + Sync + 'static {
 /// long-lived subscription can show, and the span whose events share one read of each thing.
 pub const SHARED_LOADERS_FOR: Duration = Duration::from_millis(100);
 
-/// What loaders are made of, kept by kind.
-type Made = Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>;
+/// Loaders by kind.
+type Kinds = HashMap<TypeId, Arc<dyn Any + Send + Sync>>;
 
 /// One request's loaders, by kind. A clone shares them.
 #[derive(Clone)]
@@ -93,7 +93,7 @@ pub struct Loaders {
     services: Arc<Registry>,
     shared: Arc<SharedLoaders>,
     /// The request's own; `None` once it loads through the shared ones.
-    own: Arc<Mutex<Option<Made>>>,
+    own: Arc<Mutex<Option<Kinds>>>,
 }
 
 impl Loaders {
@@ -101,14 +101,14 @@ impl Loaders {
         Self {
             services,
             shared,
-            own: Arc::new(Mutex::new(Some(Made::default()))),
+            own: Arc::new(Mutex::new(Some(Kinds::new()))),
         }
     }
 
     /// Drops every loader and what it loaded: the next load reads afresh.
     pub fn forget(&self) {
-        if let Some(made) = &*lock(&self.own) {
-            lock(made).clear();
+        if let Some(kinds) = &mut *lock(&self.own) {
+            kinds.clear();
         }
     }
 
@@ -125,9 +125,17 @@ impl Loaders {
 
     /// This request's loader of kind `L`, made on first use.
     pub fn get<L: FromServices>(&self) -> Arc<DataLoader<L, HashMapCache>> {
-        let own = lock(&self.own).clone();
-        let made = own.unwrap_or_else(|| self.shared.current());
-        let loader = lock(&made)
+        let loader = match &mut *lock(&self.own) {
+            Some(kinds) => self.loader_in::<L>(kinds),
+            None => self.loader_in::<L>(&mut lock(&self.shared.current())),
+        };
+        loader
+            .downcast::<DataLoader<L, HashMapCache>>()
+            .expect("loaders are stored under their own type id")
+    }
+
+    fn loader_in<L: FromServices>(&self, kinds: &mut Kinds) -> Arc<dyn Any + Send + Sync> {
+        kinds
             .entry(TypeId::of::<L>())
             .or_insert_with(|| {
                 Arc::new(DataLoader::with_cache(
@@ -136,10 +144,7 @@ impl Loaders {
                     HashMapCache::default(),
                 ))
             })
-            .clone();
-        loader
-            .downcast::<DataLoader<L, HashMapCache>>()
-            .expect("loaders are stored under their own type id")
+            .clone()
     }
 }
 
@@ -148,18 +153,18 @@ impl Loaders {
 /// one span's loads.
 #[derive(Default)]
 pub(crate) struct SharedLoaders {
-    current: Mutex<Option<(Instant, Made)>>,
+    current: Mutex<Option<(Instant, Arc<Mutex<Kinds>>)>>,
 }
 
 impl SharedLoaders {
-    fn current(&self) -> Made {
+    fn current(&self) -> Arc<Mutex<Kinds>> {
         let mut current = lock(&self.current);
         let now = Instant::now();
         match &*current {
-            Some((made_at, made)) if now.duration_since(*made_at) < SHARED_LOADERS_FOR => {
-                made.clone()
+            Some((made_at, kinds)) if now.duration_since(*made_at) < SHARED_LOADERS_FOR => {
+                kinds.clone()
             }
-            _ => current.insert((now, Made::default())).1.clone(),
+            _ => current.insert((now, Arc::default())).1.clone(),
         }
     }
 }
@@ -301,8 +306,10 @@ mod tests {
         // A clone is the same request: it shares too.
         second.clone().share();
 
-        assert_eq!(first.get::<Counting>().load_one(7).await, Ok(Some(70)));
-        assert_eq!(second.get::<Counting>().load_one(7).await, Ok(Some(70)));
+        // Taken back to back, well within one span.
+        let (from_first, from_second) = (first.get::<Counting>(), second.get::<Counting>());
+        assert_eq!(from_first.load_one(7).await, Ok(Some(70)));
+        assert_eq!(from_second.load_one(7).await, Ok(Some(70)));
         assert_eq!(read(), 1, "two requests sharing within one span read once");
         assert_eq!(own.get::<Counting>().load_one(7).await, Ok(Some(70)));
         assert_eq!(read(), 2, "a request of its own reads for itself");
