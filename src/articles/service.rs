@@ -255,7 +255,8 @@ impl ArticleService {
     }
 
     /// The articles (of `author`, if given; the others as positions without a row) journaled
-    /// after `position`, oldest first, from the journal and then SQL; `Unreachable` when the
+    /// after `position`, oldest first: the journal's list, whose rows SQL gives as the replay is
+    /// taken; `Unreachable` when the
     /// journal is not of `epoch`, no longer reaches back, or holds more than the replay limit
     /// after it.
     async fn published_since(
@@ -280,25 +281,31 @@ impl ArticleService {
             .chunks_exact(2)
             .map(|pair| (pair[0], pair[1]))
             .collect();
-        if entries.is_empty() {
-            return Ok(Replay::Events {
-                events: Vec::new(),
-                through,
-            });
-        }
-        let query = articles::Entity::find()
-            .filter(articles::Column::Id.is_in(entries.iter().map(|&(id, _)| id)));
-        let mut rows: HashMap<i64, articles::Model> = retry_once(|| query.clone().all(&self.db))
-            .await?
-            .into_iter()
-            .filter(|article| author.is_none_or(|author| author == article.author_id))
-            .map(|article| (article.id, article))
-            .collect();
-        let events = entries
-            .into_iter()
-            .map(|(id, position)| (position, rows.remove(&id)))
-            .collect();
-        Ok(Replay::Events { events, through })
+        let db = self.db.clone();
+        Ok(Replay::loaded(
+            entries,
+            through,
+            move |chunk: Vec<(i64, i64)>| {
+                let mut query = articles::Entity::find()
+                    .filter(articles::Column::Id.is_in(chunk.iter().map(|&(id, _)| id)));
+                if let Some(author) = author {
+                    query = query.filter(articles::Column::AuthorId.eq(author));
+                }
+                let db = db.clone();
+                async move {
+                    let mut rows: HashMap<i64, articles::Model> =
+                        retry_once(|| query.clone().all(&db))
+                            .await?
+                            .into_iter()
+                            .map(|article| (article.id, article))
+                            .collect();
+                    Ok(chunk
+                        .into_iter()
+                        .map(|(id, position)| (position, rows.remove(&id)))
+                        .collect())
+                }
+            },
+        ))
     }
 
     /// Changes title and/or body. Only the author may; the counters are not written.

@@ -95,7 +95,7 @@ const ONLINE_TTL: Duration = Duration::from_secs(30);
 const VIEWER_BUFFER: usize = 16;
 
 /// Ids a replay asks of the timeline at a time: most resumes miss a few items, not the limit.
-const REPLAY_CHUNK: usize = 100;
+const REPLAY_IDS_PER_READ: usize = 100;
 
 /// The resync of a `feedItemAdded` resumed from a cursor not issued to the viewer.
 const FOREIGN_CURSOR: &str = "this cursor was not issued for your feed, so nothing can be replayed \
@@ -498,25 +498,21 @@ impl FeedService {
         Ok(Some((position.id, mark)))
     }
 
-    /// The items of `viewer`'s feed above `after`, oldest first, read as pages read them (the
+    /// The ids of `viewer`'s feed above `after`, oldest first, read as pages read them (the
     /// inbox, the celebrities' outboxes, SQL below the inbox's floor), so an inbox rebuilt or
-    /// trimmed since still replays exactly; `None` past the replay limit.
-    async fn since(&self, viewer: i64, after: i64) -> AppResult<Option<Vec<articles::Model>>> {
+    /// trimmed since still replays exactly; `None` past the replay limit. Their rows are loaded
+    /// as the replay is taken.
+    async fn since(&self, viewer: i64, after: i64) -> AppResult<Option<Vec<i64>>> {
         let limit = self.0.store.settings.replay_limit as usize;
         let mut below = i64::MAX;
-        let mut rows: Vec<articles::Model> = Vec::new();
+        let mut ids: Vec<i64> = Vec::new();
         loop {
-            let asked = (limit + 1 - rows.len()).min(REPLAY_CHUNK) as u64;
+            let asked = (limit + 1 - ids.len()).min(REPLAY_IDS_PER_READ) as u64;
             let candidates = self.candidates(viewer, below, asked).await?;
-            let newer: Vec<i64> = candidates
-                .ids
-                .iter()
-                .copied()
-                .take_while(|&id| id > after)
-                .collect();
-            let reached = newer.len() < candidates.ids.len() || candidates.exhausted;
-            rows.extend(self.hydrate(viewer, &newer).await?);
-            if rows.len() > limit {
+            let before = ids.len();
+            ids.extend(candidates.ids.iter().copied().take_while(|&id| id > after));
+            let reached = ids.len() - before < candidates.ids.len() || candidates.exhausted;
+            if ids.len() > limit {
                 return Ok(None);
             }
             match candidates.ids.last() {
@@ -524,8 +520,8 @@ impl FeedService {
                 _ => break,
             }
         }
-        rows.reverse();
-        Ok(Some(rows))
+        ids.reverse();
+        Ok(Some(ids))
     }
 
     /// The articles delivered into `viewer`'s journal of `epoch` after `position`, oldest first,
@@ -572,7 +568,7 @@ impl FeedService {
     ) -> AppResult<Replay<FeedEvent>> {
         let above = match page_above {
             Some(id) => match self.since(viewer, id).await? {
-                Some(rows) => rows,
+                Some(ids) => ids,
                 None => return Ok(Replay::Unreachable),
             },
             None => Vec::new(),
@@ -581,39 +577,52 @@ impl FeedService {
         let Some((through, entries)) = self.journal_since(viewer, epoch, position).await? else {
             return Ok(Replay::Unreachable);
         };
-        let ids: Vec<i64> = entries.iter().map(|&(id, _)| id).collect();
-        let listed: HashSet<i64> = ids.iter().copied().collect();
-        let mut rows: HashMap<i64, articles::Model> = self
-            .hydrate(viewer, &ids)
-            .await?
-            .into_iter()
-            .map(|row| (row.id, row))
-            .collect();
+        let listed: HashSet<i64> = entries.iter().map(|&(id, _)| id).collect();
         let page_mark = Mark {
             epoch,
             position,
             page: true,
         };
-        let mut events: Vec<FeedEvent> = above
+        let mut marked: Vec<(Mark, i64)> = above
             .into_iter()
-            .filter(|row| !listed.contains(&row.id))
-            .map(|row| FeedEvent {
-                mark: page_mark,
-                row: Some(row),
-            })
+            .filter(|id| !listed.contains(id))
+            .map(|id| (page_mark, id))
             .collect();
-        events.extend(entries.into_iter().map(|(id, position)| FeedEvent {
-            mark: Mark {
+        marked.extend(entries.into_iter().map(|(id, position)| {
+            let mark = Mark {
                 epoch,
                 position,
                 page: false,
-            },
-            row: rows.remove(&id),
+            };
+            (mark, id)
         }));
-        if events.len() > self.0.store.settings.replay_limit as usize {
+        if marked.len() > self.0.store.settings.replay_limit as usize {
             return Ok(Replay::Unreachable);
         }
-        Ok(Replay::Events { events, through })
+        let service = self.clone();
+        Ok(Replay::loaded(
+            marked,
+            through,
+            move |chunk: Vec<(Mark, i64)>| {
+                let service = service.clone();
+                async move {
+                    let ids: Vec<i64> = chunk.iter().map(|&(_, id)| id).collect();
+                    let mut rows: HashMap<i64, articles::Model> = service
+                        .hydrate(viewer, &ids)
+                        .await?
+                        .into_iter()
+                        .map(|row| (row.id, row))
+                        .collect();
+                    Ok(chunk
+                        .into_iter()
+                        .map(|(mark, id)| FeedEvent {
+                            mark,
+                            row: rows.remove(&id),
+                        })
+                        .collect())
+                }
+            },
+        ))
     }
 
     /// Opens `viewer`'s journal beside their inbox (rebuilt first when missing: only an inbox

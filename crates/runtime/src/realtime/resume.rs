@@ -33,6 +33,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt as _};
 use tokio::sync::watch;
 
@@ -41,14 +42,51 @@ use crate::error::{AppError, AppResult};
 /// The longest wait between two reads of a history that was unavailable.
 const MAX_REREAD_DELAY: Duration = Duration::from_secs(2);
 
+/// How many events of a replay are loaded at once (see [`Replay::loaded`]).
+pub const REPLAY_CHUNK: usize = 32;
+
 /// What a history holds after a position.
 pub enum Replay<T> {
-    /// Every event after the position, oldest first, and the position the history had reached
-    /// when read (at least that of every event replayed): live events up to it were replayed.
-    Events { events: Vec<T>, through: i64 },
+    /// Every event after the position, oldest first, as the stream takes them, and the position
+    /// the history had reached when read (at least that of every event replayed): live events up
+    /// to it were replayed. An error item ends the stream after it.
+    Events {
+        events: BoxStream<'static, AppResult<T>>,
+        through: i64,
+    },
     /// The history no longer reaches back to the position, or more events follow it than one
     /// replay carries.
     Unreachable,
+}
+
+impl<T: Send + 'static> Replay<T> {
+    /// A replay of what the history listed after the position (`entries`: positions and ids, a
+    /// few bytes each), whose events `load` makes [`REPLAY_CHUNK`] entries at a time, each chunk
+    /// only once the stream has taken the one before. An event is a whole row, up to hundreds of
+    /// kilobytes: loaded at once, a resume from far back would hold a thousand of them while its
+    /// client reads the first few, and the rows of a client that falls behind its send budget
+    /// and is cut off would have been read for nothing. Loaded in chunks, a replay holds one
+    /// chunk, and reads no further than its client takes.
+    pub fn loaded<E, L, F>(entries: Vec<E>, through: i64, load: L) -> Self
+    where
+        E: Send + 'static,
+        L: FnMut(Vec<E>) -> F + Send + 'static,
+        F: Future<Output = AppResult<Vec<T>>> + Send + 'static,
+    {
+        let mut entries = entries.into_iter();
+        let chunks = futures_util::stream::iter(std::iter::from_fn(move || {
+            let chunk: Vec<E> = entries.by_ref().take(REPLAY_CHUNK).collect();
+            (!chunk.is_empty()).then_some(chunk)
+        }));
+        let events = chunks
+            .then(load)
+            .flat_map(|loaded| match loaded {
+                Ok(events) => futures_util::stream::iter(events).map(Ok).left_stream(),
+                Err(err) => futures_util::stream::once(std::future::ready(Err(err))).right_stream(),
+            })
+            .boxed();
+        Replay::Events { events, through }
+    }
 }
 
 /// The confirmations of every channel a live source listens to (one per channel, see
@@ -193,7 +231,7 @@ where
                         }
                     }
                 };
-                let (events, through) = match outcome {
+                let (mut events, through) = match outcome {
                     Some(Ok(Replay::Events { events, through })) => (events, through),
                     Some(Ok(Replay::Unreachable)) | None => {
                         metrics::counter!("pulse_live_resyncs_total").increment(1);
@@ -205,9 +243,17 @@ where
                         return;
                     }
                 };
-                metrics::counter!("pulse_live_replayed_total").increment(events.len() as u64);
-                for event in events {
-                    yield Ok(event);
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(event) => {
+                            metrics::counter!("pulse_live_replayed_total").increment(1);
+                            yield Ok(event);
+                        }
+                        Err(err) => {
+                            yield Err(err);
+                            return;
+                        }
+                    }
                 }
                 sent = sent.max(Some(through));
                 for event in heard {
@@ -306,10 +352,9 @@ mod tests {
                     Ok(if head < 0 {
                         Replay::Unreachable
                     } else {
-                        Replay::Events {
-                            events: (from + 1..=head).collect(),
-                            through: head,
-                        }
+                        Replay::loaded((from + 1..=head).collect(), head, |chunk| async {
+                            Ok(chunk)
+                        })
                     })
                 }
             },
@@ -324,6 +369,29 @@ mod tests {
             confirmed,
         };
         (source, stream)
+    }
+
+    /// A stream resumed after 0 from `replay`, whose live source says nothing; the first value
+    /// (its senders) keeps that source open.
+    fn quietly_resumed<R, F>(replay: R) -> (impl Sized, impl Stream<Item = AppResult<i64>>)
+    where
+        R: FnMut(i64) -> F + Send + 'static,
+        F: Future<Output = AppResult<Replay<i64>>> + Send,
+    {
+        let (live, heard) = mpsc::unbounded_channel::<AppResult<i64>>();
+        let heard = futures_util::stream::unfold(heard, |mut heard| async move {
+            heard.recv().await.map(|event| (event, heard))
+        });
+        let (confirmed, confirmations) = watch::channel(1);
+        let resume = Resume {
+            after: Some(0),
+            position: |event: &i64| *event,
+            replay,
+            buffer: 100,
+            resync: || AppError::ResyncRequired("resync"),
+        };
+        let stream = resumable(heard, Confirmations::new(vec![confirmations]), resume);
+        ((live, confirmed), stream)
     }
 
     async fn next(stream: &mut (impl Stream<Item = AppResult<i64>> + Unpin)) -> AppResult<i64> {
@@ -415,33 +483,19 @@ mod tests {
     #[tokio::test]
     async fn a_stream_holds_no_room_for_its_history_reads_between_them() {
         const SCRATCH: usize = 16 * 1024;
-        let (_live, heard) = mpsc::unbounded_channel::<AppResult<i64>>();
-        let heard = futures_util::stream::unfold(heard, |mut heard| async move {
-            heard.recv().await.map(|event| (event, heard))
+        // A read that keeps a large buffer across an await, as a read through SQL and Redis keeps
+        // its clients' futures.
+        let (_open, stream) = quietly_resumed(|from: i64| async move {
+            let scratch = [1u8; SCRATCH];
+            tokio::task::yield_now().await;
+            let through = from + i64::from(std::hint::black_box(scratch)[0]) - 1;
+            Ok(Replay::loaded(
+                Vec::new(),
+                through,
+                |chunk: Vec<i64>| async { Ok(chunk) },
+            ))
         });
-        let (_confirmed, confirmations) = watch::channel(1);
-        let resume = Resume {
-            after: Some(0),
-            position: |event: &i64| *event,
-            // A read that keeps a large buffer across an await, as a read through SQL and Redis
-            // keeps its clients' futures.
-            replay: |from: i64| async move {
-                let scratch = [1u8; SCRATCH];
-                tokio::task::yield_now().await;
-                let through = from + i64::from(std::hint::black_box(scratch)[0]) - 1;
-                Ok(Replay::Events {
-                    events: Vec::new(),
-                    through,
-                })
-            },
-            buffer: 100,
-            resync: || AppError::ResyncRequired("resync"),
-        };
-        let mut stream = Box::pin(resumable(
-            heard,
-            Confirmations::new(vec![confirmations]),
-            resume,
-        ));
+        let mut stream = Box::pin(stream);
         assert!(
             tokio::time::timeout(Duration::from_millis(100), stream.next())
                 .await
@@ -450,5 +504,66 @@ mod tests {
         );
         let held = std::mem::size_of_val(&*stream);
         assert!(held < SCRATCH / 8, "{held} bytes held by an idle stream");
+    }
+
+    #[tokio::test]
+    async fn a_replay_loads_its_events_a_chunk_at_a_time_as_they_are_taken() {
+        let chunks_loaded = Arc::new(AtomicI64::new(0));
+        let loads = chunks_loaded.clone();
+        let entries: Vec<i64> = (1..=10 * REPLAY_CHUNK as i64).collect();
+        let Replay::Events {
+            mut events,
+            through,
+        } = Replay::loaded(entries, 10 * REPLAY_CHUNK as i64, move |chunk: Vec<i64>| {
+            loads.fetch_add(1, Ordering::SeqCst);
+            async move { Ok(chunk) }
+        })
+        else {
+            panic!("a replay of events");
+        };
+        assert_eq!(through, 10 * REPLAY_CHUNK as i64);
+        assert_eq!(
+            chunks_loaded.load(Ordering::SeqCst),
+            0,
+            "nothing before it is taken"
+        );
+        for expected in 1..=REPLAY_CHUNK as i64 + 1 {
+            assert_eq!(events.next().await.unwrap().unwrap(), expected);
+        }
+        assert_eq!(
+            chunks_loaded.load(Ordering::SeqCst),
+            2,
+            "one chunk per chunk taken"
+        );
+        let rest: Vec<i64> = events.map(Result::unwrap).collect().await;
+        assert_eq!(rest.len(), 10 * REPLAY_CHUNK - REPLAY_CHUNK - 1);
+        assert_eq!(rest.last(), Some(&(10 * REPLAY_CHUNK as i64)));
+        assert_eq!(chunks_loaded.load(Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_that_cannot_be_loaded_ends_the_replay_with_its_error() {
+        let (_open, stream) = quietly_resumed(|from: i64| async move {
+            let head = from + 2 * REPLAY_CHUNK as i64;
+            Ok(Replay::loaded(
+                (from + 1..=head).collect(),
+                head,
+                |chunk: Vec<i64>| async move {
+                    if chunk[0] > 1 {
+                        return Err(AppError::ResyncRequired("lost"));
+                    }
+                    Ok(chunk)
+                },
+            ))
+        });
+        let mut stream = Box::pin(stream);
+        for expected in 1..=REPLAY_CHUNK as i64 {
+            assert_eq!(next(&mut stream).await.unwrap(), expected);
+        }
+        assert!(matches!(
+            next(&mut stream).await,
+            Err(AppError::ResyncRequired("lost"))
+        ));
+        assert!(stream.next().await.is_none());
     }
 }
