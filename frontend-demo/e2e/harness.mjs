@@ -37,7 +37,8 @@ function pulseEnv(settings) {
 }
 
 export class Pulse {
-  static async start() {
+  /** A server of its own, with `settings` (environment variables) over the defaults below. */
+  static async start(settings = {}) {
     const pulse = new Pulse();
     pulse.dataDir = mkdtempSync(join(tmpdir(), 'pulse-e2e-'));
     pulse.port = await freePort();
@@ -51,6 +52,7 @@ export class Pulse {
       PULSE_STATS_TICK: '200ms',
       PULSE_LEADERBOARD_TICK: '200ms',
       PULSE_JOB_POLL: '50ms',
+      ...settings,
     });
     pulse.origin = `http://127.0.0.1:${pulse.port}`;
     pulse.seedOutput = pulse.seed();
@@ -132,8 +134,8 @@ export function unique(prefix) {
 }
 
 /** A seeded server and a browser for the tests of one file. */
-export async function startServerAndBrowser() {
-  return { pulse: await Pulse.start(), browser: await launchBrowser() };
+export async function startServerAndBrowser(settings = {}) {
+  return { pulse: await Pulse.start(settings), browser: await launchBrowser() };
 }
 
 export async function stopServerAndBrowser({ pulse, browser }) {

@@ -1,4 +1,4 @@
-import { useEffect, useState } from 'preact/hooks';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 
 import { type FragmentOf, graphql, readFragment } from '../../lib/graphql';
 import { ArticleCard, ArticleCardFields } from '../articleCard';
@@ -20,7 +20,7 @@ const Articles = graphql(
 
 const Published = graphql(
   `
-  subscription Published { articlePublished { ...ArticleCardFields } }
+  subscription Published($after: String) { articlePublished(after: $after) { ...ArticleCardFields } }
 `,
   [ArticleCardFields],
 );
@@ -47,18 +47,40 @@ export function ArticlesPage() {
   const page = useQuery(Articles, { after });
   const [items, setItems] = useState<Item[]>([]);
 
+  // The newest article the list holds, of the first page or heard live: where the live ones
+  // resume after the socket was lost, so that what was published meanwhile still arrives.
+  const newest = useRef<string | null>(null);
   useEffect(() => {
     const nodes = page.data?.articles.edges.map((edge) => edge.node);
     if (nodes) setItems((previous) => merge(after ? previous : [], nodes));
+    if (!after && !newest.current && nodes?.[0]) newest.current = idOf(nodes[0]);
   }, [page.data]);
 
-  useSubscription(Published, {}, (data) => setItems((previous) => merge([data.articlePublished], previous)));
+  // Subscribed again, after the newest article, each time the socket connects again, and afresh
+  // after a restart below.
+  const { connections } = useSession();
+  const [restarts, setRestarts] = useState(0);
+  const live = useMemo(() => ({ after: newest.current }), [connections, restarts]);
+  const liveError = useSubscription(Published, live, (data) => {
+    newest.current = idOf(data.articlePublished);
+    setItems((previous) => merge([data.articlePublished], previous));
+  });
+  // More was published meanwhile than the server replays: as its error says, subscribe again
+  // without a position and read the first page again; the list starts again from the top.
+  const mustRestart = !!liveError?.graphQLErrors.some((error) => error.extensions?.code === 'RESYNC_REQUIRED');
+  useEffect(() => {
+    if (!mustRestart) return;
+    newest.current = null;
+    setRestarts((n) => n + 1);
+    setAfter(null);
+    page.refetch();
+  }, [liveError]);
 
   return (
     <>
       <h1>Articles</h1>
       {viewer && <PublishForm onPublished={(item) => setItems((previous) => merge([item], previous))} />}
-      <ErrorNotice error={page.error} />
+      <ErrorNotice error={page.error ?? (mustRestart ? null : liveError)} />
       {items.map((item) => (
         <ArticleCard key={idOf(item)} article={item} />
       ))}

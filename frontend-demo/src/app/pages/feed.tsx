@@ -1,3 +1,4 @@
+import type { CombinedError } from '@urql/core';
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 
 import { type FragmentOf, graphql, readFragment } from '../../lib/graphql';
@@ -69,13 +70,49 @@ function Timeline({ viewerId }: { viewerId: string }) {
   }, [page.data]);
 
   // Subscribed again, after the newest cursor, each time the socket connects again (the client
-  // would otherwise repeat the first subscription as it was sent).
-  const { connections } = useSession();
-  const resume = useMemo(() => ({ after: newest.current }), [connections]);
+  // would otherwise repeat the first subscription as it was sent), and after each catch-up below.
+  const { api, connections } = useSession();
+  const [catchUps, setCatchUps] = useState(0);
+  const resume = useMemo(() => ({ after: newest.current }), [connections, catchUps]);
   const liveError = useSubscription(ItemAdded, resume, (data) => {
     newest.current = data.feedItemAdded.cursor;
     setFresh((previous) => unique([data.feedItemAdded.node, ...previous]));
   });
+
+  // The server could not replay what the page missed (more than it replays, or the feed was
+  // rebuilt): as its error says, read the newest page again and subscribe after its newest
+  // cursor. What that page brings is offered as new posts when it meets the list; when it does
+  // not, more was missed than a page holds, and the list starts again from the top rather than
+  // keep a gap.
+  const mustCatchUp = !!liveError?.graphQLErrors.some((error) => error.extensions?.code === 'RESYNC_REQUIRED');
+  const [catchUpError, setCatchUpError] = useState<CombinedError | null>(null);
+  useEffect(() => {
+    if (!mustCatchUp) return;
+    let current = true;
+    api.client
+      .query(Feed, { after: null })
+      .toPromise()
+      .then((result) => {
+        if (!current) return;
+        setCatchUpError(result.error ?? null);
+        const edges = result.data?.feed.edges;
+        if (!edges) return;
+        newest.current = edges[0]?.cursor ?? newest.current;
+        const nodes = edges.map((edge) => edge.node);
+        const shown = new Set(items.map(idOf));
+        if (items.length > 0 && result.data?.feed.pageInfo.hasNextPage && !nodes.some((node) => shown.has(idOf(node)))) {
+          setFresh([]);
+          setAfter(null);
+          page.refetch();
+        } else {
+          setFresh((previous) => unique([...nodes, ...previous]));
+        }
+        setCatchUps((n) => n + 1);
+      });
+    return () => {
+      current = false;
+    };
+  }, [liveError]);
 
   const unseen = fresh.filter((item) => !items.some((shown) => idOf(shown) === idOf(item)));
   const loadMore = () => {
@@ -104,7 +141,7 @@ function Timeline({ viewerId }: { viewerId: string }) {
           Welcome back: your timeline is being rebuilt, so this page came straight from the database.
         </p>
       )}
-      <ErrorNotice error={page.error ?? liveError} />
+      <ErrorNotice error={page.error ?? catchUpError ?? (mustCatchUp ? null : liveError)} />
       {items.map((item) => (
         <ArticleCard key={idOf(item)} article={item} />
       ))}
