@@ -24,6 +24,9 @@
 //! - `stalled-readers`: K websocket subscribers of a leaderboard and K of `articlePublished` that
 //!   stop reading while 100,000 votes and enough articles go through the server: its RSS growth
 //!   per stalled subscriber against the send budget, then what each gets when it reads again.
+//! - `resumed-readers`: K anonymous subscribers resume `articlePublished` far back (a replay of N
+//!   large articles each) and read nothing: the server's peak memory per stalled reader while it
+//!   cuts them off at their send budget, beside one that reads the whole replay.
 
 mod cast_votes;
 mod ceiling;
@@ -42,6 +45,7 @@ mod publish_fanout;
 mod record_view;
 mod redis_util;
 mod report;
+mod resumed;
 mod search;
 mod server;
 mod stalled;
@@ -110,6 +114,10 @@ enum Command {
     /// through the server: server RSS per stalled subscriber against the budget; then each must
     /// read the board's final snapshot, or the event stream's RESYNC_REQUIRED and `complete`.
     StalledReaders(StalledArgs),
+    /// Resume K anonymous `articlePublished` subscribers far back (a replay of N large articles
+    /// each) that read nothing, beside one that reads it all: the server's peak memory per stalled
+    /// reader while it cuts them off at their send budget.
+    ResumedReaders(ResumedArgs),
     /// Load articles into SQL and build an embedded search replica from them (time, size); query
     /// it at a fixed rate (p50/p99), then again while view flush batches stream in through the
     /// outbox (rows applied per second, freshness); check that the replica equals SQL.
@@ -154,6 +162,25 @@ pub struct SubscribersArgs {
     /// descriptor limit), a fresh server each, until the p99 passes 1 s; print the table.
     #[arg(long)]
     pub knee: bool,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ResumedArgs {
+    /// The pulse binary to start (`<server-bin> serve`).
+    #[arg(long, default_value = "target/release/pulse")]
+    pub server_bin: PathBuf,
+    /// Stalled readers, a socket each, all resuming after the first article.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub readers: u32,
+    /// Articles published before they subscribe (the server's PULSE_REPLAY_LIMIT is set to it,
+    /// so that each replay carries every one after the first).
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(2..=100_000))]
+    pub articles: u32,
+    /// Characters of each article's body, which the subscription selects.
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
+    pub article_bytes: u32,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -416,6 +443,7 @@ fn main() -> anyhow::Result<()> {
             Command::FanoutFloor(args) => fanout_floor::run(args).await,
             Command::FanoutFloorBroadcaster(args) => fanout_floor::broadcast(args).await,
             Command::StalledReaders(args) => stalled::run(args).await,
+            Command::ResumedReaders(args) => resumed::run(args).await,
             Command::Search(args) => search::run(args).await,
         }
     })

@@ -51,7 +51,7 @@ const WARM_UP_ARTICLES: u64 = 2;
 /// doubles it) and segment size (`TCP_MAXSEG`, IPv4's default of 536 bytes). On loopback the server's
 /// kernel sizes a socket's send buffer by the 64 KiB segments there, megabytes that a stalled
 /// client would fill before the server's own queue, which is what is measured, holds anything.
-const STALLED_LIMITS: SocketLimits = SocketLimits {
+pub(crate) const STALLED_LIMITS: SocketLimits = SocketLimits {
     receive_buffer: Some(4 * 1024),
     segment: Some(536),
 };
@@ -1444,7 +1444,7 @@ async fn measure(
 
 /// Waits until the server's anonymous memory settles (see [`SETTLE_QUIET`]); answers its last
 /// reading.
-async fn settle(pid: &str) -> anyhow::Result<u64> {
+pub(crate) async fn settle(pid: &str) -> anyhow::Result<u64> {
     let started = Instant::now();
     let mut window = std::collections::VecDeque::new();
     loop {
@@ -1474,7 +1474,7 @@ async fn settle(pid: &str) -> anyhow::Result<u64> {
 }
 
 /// `bytes` characters of text (ASCII, so as many bytes in a message).
-fn article_body(bytes: usize) -> String {
+pub(crate) fn article_body(bytes: usize) -> String {
     "Stalled readers hold what they were sent. "
         .chars()
         .cycle()
