@@ -73,8 +73,10 @@ function Timeline({ viewerId }: { viewerId: string }) {
   // would otherwise repeat the first subscription as it was sent), and after each catch-up below.
   const { api, connections } = useSession();
   const [catchUps, setCatchUps] = useState(0);
+  const catchUpsInARow = useRef(0);
   const resume = useMemo(() => ({ after: newest.current }), [connections, catchUps]);
   const liveError = useSubscription(ItemAdded, resume, (data) => {
+    catchUpsInARow.current = 0;
     newest.current = data.feedItemAdded.cursor;
     setFresh((previous) => unique([data.feedItemAdded.node, ...previous]));
   });
@@ -89,28 +91,34 @@ function Timeline({ viewerId }: { viewerId: string }) {
   useEffect(() => {
     if (!mustCatchUp) return;
     let current = true;
-    api.client
-      .query(Feed, { after: null })
-      .toPromise()
-      .then((result) => {
-        if (!current) return;
-        setCatchUpError(result.error ?? null);
-        const edges = result.data?.feed.edges;
-        if (!edges) return;
-        newest.current = edges[0]?.cursor ?? newest.current;
-        const nodes = edges.map((edge) => edge.node);
-        const shown = new Set(items.map(idOf));
-        if (items.length > 0 && result.data?.feed.pageInfo.hasNextPage && !nodes.some((node) => shown.has(idOf(node)))) {
-          setFresh([]);
-          setAfter(null);
-          page.refetch();
-        } else {
-          setFresh((previous) => unique([...nodes, ...previous]));
-        }
-        setCatchUps((n) => n + 1);
-      });
+    // A feed being rebuilt answers every subscription with RESYNC_REQUIRED until it is done (its
+    // pages' cursors hold no journal position meanwhile): catching up again at once would spin,
+    // so each catch-up that no live item followed waits longer, up to 10 s.
+    const wait = catchUpsInARow.current === 0 ? 0 : Math.min(10_000, 500 * 2 ** catchUpsInARow.current);
+    catchUpsInARow.current += 1;
+    const catchUp = async () => {
+      const result = await api.client.query(Feed, { after: null }).toPromise();
+      if (!current) return;
+      setCatchUpError(result.error ?? null);
+      const edges = result.data?.feed.edges;
+      if (!edges) return;
+      // An empty feed has no cursor to resume after: the subscription starts live.
+      newest.current = edges[0]?.cursor ?? null;
+      const nodes = edges.map((edge) => edge.node);
+      const shown = new Set(items.map(idOf));
+      if (items.length > 0 && result.data?.feed.pageInfo.hasNextPage && !nodes.some((node) => shown.has(idOf(node)))) {
+        setFresh([]);
+        setAfter(null);
+        page.refetch();
+      } else {
+        setFresh((previous) => unique([...nodes, ...previous]));
+      }
+      setCatchUps((n) => n + 1);
+    };
+    const timer = setTimeout(() => void catchUp(), wait);
     return () => {
       current = false;
+      clearTimeout(timer);
     };
   }, [liveError]);
 
