@@ -257,7 +257,7 @@ for backend in "${backends[@]}"; do
     case "$backend" in
         sqlite)
             header "SQLite: the whole test suite (PULSE_TEST_DATABASE=sqlite)"
-            if PULSE_TEST_DATABASE=sqlite cargo test --workspace; then
+            if PULSE_TEST_DATABASE=sqlite cargo test --workspace 2>&1 | tee "$tests_tmp/$backend.log"; then
                 outcome[$backend]=passed
             else
                 outcome[$backend]=FAILED
@@ -277,7 +277,8 @@ for backend in "${backends[@]}"; do
             # would only add minutes.
             if check_server "$backend" && PULSE_TEST_DATABASE=$backend cargo test --workspace --tests -- \
                 --skip resume::a_hundred_feed_subscribers_reconnecting \
-                --skip resume::article_subscribers_reconnecting_at_random; then
+                --skip resume::article_subscribers_reconnecting_at_random 2>&1 |
+                tee "$tests_tmp/$backend.log"; then
                 outcome[$backend]=passed
             else
                 outcome[$backend]=FAILED
@@ -293,7 +294,7 @@ for backend in "${backends[@]}"; do
             header "Redis Cluster: integration tests (PULSE_TEST_DATABASE=sqlite, $PULSE_TEST_CLUSTER_URL)"
             if start_cluster && check_server cluster &&
                 PULSE_TEST_DATABASE=sqlite PULSE_TEST_REDIS_URL=$PULSE_TEST_CLUSTER_URL \
-                    cargo test -p pulse --test api; then
+                    cargo test -p pulse --test api 2>&1 | tee "$tests_tmp/$backend.log"; then
                 outcome[$backend]=passed
             else
                 outcome[$backend]=FAILED
@@ -302,11 +303,22 @@ for backend in "${backends[@]}"; do
     esac
 done
 
+# Why each failed test failed, where the end of the log is read: a failure's panic is otherwise
+# hundreds of lines up, among the other tests' output.
+failures() {
+    local log=$tests_tmp/$1.log
+    [[ -f $log ]] || return 0
+    grep -A2 "^thread '.*' panicked at" "$log" | cut -c1-600 | head -60 | sed 's/^/    /'
+}
+
 header "summary"
 status=0
 for backend in "${backends[@]}"; do
     printf '%-9s %s\n' "$backend" "${outcome[$backend]}"
-    [[ ${outcome[$backend]} == passed ]] || status=1
+    if [[ ${outcome[$backend]} != passed ]]; then
+        status=1
+        failures "$backend"
+    fi
 done
 if ((status == 0)); then
     rm -rf "$tests_tmp"

@@ -528,12 +528,20 @@ async fn a_hundred_feed_subscribers_reconnecting_at_random_while_a_thousand_item
 }
 
 /// `user`'s `articlePublished` after `last` (an article's global id), dropped after a random number
-/// of articles and resumed after the last one it got, until it got `wanted`; every article it got, in
-/// order.
-async fn churn_articles(app: &TestApp, user: i64, mut last: String, wanted: usize) -> Vec<String> {
+/// of articles and resumed after the last one it got, until it got `wanted` or `until` passed;
+/// every article it got, in order, and how many times it subscribed.
+async fn churn_articles(
+    app: &TestApp,
+    user: i64,
+    mut last: String,
+    wanted: usize,
+    until: Instant,
+) -> (Vec<String>, usize) {
     let mut received = Vec::new();
-    while received.len() < wanted {
+    let mut connections = 0;
+    while received.len() < wanted && Instant::now() < until {
         let mut socket = published(app, user, Some(&last), None).await;
+        connections += 1;
         let stay: usize = rand::random_range(0..=30);
         let mut deadline = Instant::now()
             + match stay {
@@ -554,7 +562,7 @@ async fn churn_articles(app: &TestApp, user: i64, mut last: String, wanted: usiz
         drop(socket);
         tokio::time::sleep(Duration::from_millis(rand::random_range(0..40))).await;
     }
-    received
+    (received, connections)
 }
 
 #[tokio::test]
@@ -578,17 +586,29 @@ async fn article_subscribers_reconnecting_at_random_while_eight_authors_publish_
         }
         ids
     }));
+    // Each reader gives up at `until`, so a reader still short of articles then says which.
+    let started = Instant::now();
+    let until = started + Duration::from_secs(60);
     let churned = futures_util::future::join_all(
         readers
             .iter()
-            .map(|&reader| churn_articles(app, reader, seed.clone(), AUTHORS * EACH)),
+            .map(|&reader| churn_articles(app, reader, seed.clone(), AUTHORS * EACH, until)),
     );
     let (published, churned) = tokio::time::timeout(
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         futures_util::future::join(published, churned),
     )
     .await
-    .expect("every subscriber got every article within 60 s");
+    .expect("every author published within 90 s");
+    eprintln!(
+        "{READERS} article subscribers, {} articles, {} connections, {:.1} s",
+        AUTHORS * EACH,
+        churned
+            .iter()
+            .map(|(_, connections)| connections)
+            .sum::<usize>(),
+        started.elapsed().as_secs_f64()
+    );
 
     let everything: HashSet<String> = published.concat().into_iter().collect();
     assert_eq!(everything.len(), AUTHORS * EACH);
@@ -605,8 +625,33 @@ async fn article_subscribers_reconnecting_at_random_while_eight_authors_publish_
         .filter_map(|member| member.parse().ok())
         .filter(|&id| id != article_row(&seed))
         .collect();
-    for (reader, received) in readers.iter().zip(&churned) {
+    let unannounced: Vec<i64> = everything
+        .iter()
+        .map(|id| article_row(id))
+        .filter(|row| !announced.contains(row))
+        .collect();
+    assert!(
+        unannounced.is_empty(),
+        "published but never journaled: {unannounced:?}"
+    );
+    for (reader, (received, connections)) in readers.iter().zip(&churned) {
         let rows: Vec<i64> = received.iter().map(|id| article_row(id)).collect();
+        let missing: Vec<i64> = announced
+            .iter()
+            .copied()
+            .filter(|row| !rows.contains(row))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "reader {reader} lacks {} of {} articles after 60 s and {connections} subscriptions: \
+             {missing:?} (at {:?} in the announced order)",
+            missing.len(),
+            announced.len(),
+            missing
+                .iter()
+                .map(|row| announced.iter().position(|a| a == row).unwrap())
+                .collect::<Vec<_>>()
+        );
         assert_eq!(
             rows.iter().collect::<HashSet<_>>().len(),
             rows.len(),
