@@ -256,9 +256,8 @@ impl ArticleService {
 
     /// The articles (of `author`, if given; the others as positions without a row) journaled
     /// after `position`, oldest first: the journal's list, whose rows SQL gives as the replay is
-    /// taken; `Unreachable` when the
-    /// journal is not of `epoch`, no longer reaches back, or holds more than the replay limit
-    /// after it.
+    /// taken; `Unreachable` when the journal is not of `epoch`, no longer reaches back, or holds
+    /// more than the replay limit after it.
     async fn published_since(
         &self,
         epoch: i64,

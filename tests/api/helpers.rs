@@ -181,6 +181,12 @@ pub fn database_name() -> String {
     format!("pulse_t_{run}_{}", unique_suffix())
 }
 
+/// The PostgreSQL database the tests' own databases are created from.
+pub fn postgres_admin_url() -> String {
+    std::env::var("PULSE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
 /// A fresh, empty database on the backend under test.
 pub async fn fresh_database_url(data_dir: &std::path::Path) -> String {
     let backend = std::env::var("PULSE_TEST_DATABASE").unwrap_or_else(|_| "sqlite".into());
@@ -192,8 +198,7 @@ pub async fn fresh_database_url(data_dir: &std::path::Path) -> String {
                 data_dir.join("pulse.sqlite").display()
             );
         }
-        "postgres" => std::env::var("PULSE_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+        "postgres" => postgres_admin_url(),
         "mysql" => std::env::var("PULSE_TEST_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
         other => panic!("PULSE_TEST_DATABASE={other}: expected sqlite, postgres or mysql"),

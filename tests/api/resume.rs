@@ -138,6 +138,73 @@ async fn a_feed_subscriber_back_after_missing_50_items_gets_exactly_those_in_ord
     ends_with(&mut socket, "BAD_USER_INPUT").await;
 }
 
+/// Refuses new connections to the app's PostgreSQL database and ends the ones it has, or lets
+/// them in again: SQL gone for as long as the test says. A database cannot shut itself: this is
+/// done from the one the tests' databases are created from.
+async fn postgres_reachable(app: &TestApp, reachable: bool) {
+    use sea_orm::ConnectionTrait as _;
+    let url = app.config.database_url();
+    let (_, name) = url.rsplit_once('/').unwrap();
+    let admin = sea_orm::Database::connect(crate::helpers::postgres_admin_url())
+        .await
+        .unwrap();
+    admin
+        .execute_unprepared(&format!(
+            "ALTER DATABASE \"{name}\" WITH ALLOW_CONNECTIONS {reachable}"
+        ))
+        .await
+        .unwrap();
+    if !reachable {
+        admin
+            .execute_unprepared(&format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+            ))
+            .await
+            .unwrap();
+    }
+    admin.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replay_whose_sql_is_away_waits_for_it_then_sends_everything_in_order_and_goes_on_live() {
+    let app = TestApp::spawn().await;
+    if crate::sql_input::backend(&app) != sea_orm::DbBackend::Postgres {
+        eprintln!("PostgreSQL only: a database that refuses connections is its ALLOW_CONNECTIONS");
+        return;
+    }
+    let people = users(&app, "away", 2).await;
+    let (writer, reader) = (token(&app, people[0]), people[1]);
+    let first = app.publish(&writer, "first").await;
+    // More than one chunk of the replay, so that it is loaded again past its first.
+    let mut missed = Vec::new();
+    for i in 0..2 * pulse_runtime::realtime::REPLAY_CHUNK + 5 {
+        missed.push(app.publish(&writer, &format!("missed {i}")).await);
+    }
+
+    postgres_reachable(&app, false).await;
+    let mut socket = published(&app, reader, Some(&first), None).await;
+    let silent = message_before(&mut socket, Instant::now() + Duration::from_secs(2)).await;
+    assert!(
+        silent.is_none(),
+        "the replay did not wait for SQL: {silent:?}"
+    );
+    postgres_reachable(&app, true).await;
+
+    let mut replayed = Vec::new();
+    for _ in 0..missed.len() {
+        let message = message_before(&mut socket, Instant::now() + Duration::from_secs(20))
+            .await
+            .expect("the replay went on once SQL was back");
+        replayed.push(published_id(&message));
+    }
+    assert_eq!(replayed, missed);
+    let live = app.publish(&writer, "live").await;
+    assert_eq!(
+        published_id(&next_message(&mut socket).await.unwrap()),
+        live
+    );
+}
+
 #[tokio::test]
 async fn an_article_subscriber_back_after_missing_50_gets_exactly_those_in_order_then_live_ones_and_past_its_history_a_resync()
  {

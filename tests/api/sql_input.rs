@@ -23,7 +23,7 @@ fn error_field(response: &Value) -> &str {
         .unwrap_or_else(|| panic!("expected an error naming a field: {response}"))
 }
 
-fn backend(app: &TestApp) -> DbBackend {
+pub(crate) fn backend(app: &TestApp) -> DbBackend {
     app.state.db.get_database_backend()
 }
 

@@ -11,4 +11,4 @@ pub mod resume;
 
 pub use coalesce::{Coalesced, Coalescer, CoalescerConfig, Snapshot};
 pub use hub::{Hub, HubSubscription, Sharding};
-pub use resume::{Confirmations, Replay, Resume, resumable};
+pub use resume::{Confirmations, REPLAY_CHUNK, Replay, Resume, resumable};

@@ -39,6 +39,9 @@ use tokio::sync::watch;
 
 use crate::error::{AppError, AppResult};
 
+/// The first wait before a history, or a replay's chunk, that was unavailable is read again.
+const FIRST_REREAD_DELAY: Duration = Duration::from_millis(100);
+
 /// The longest wait between two reads of a history that was unavailable.
 const MAX_REREAD_DELAY: Duration = Duration::from_secs(2);
 
@@ -66,26 +69,54 @@ impl<T: Send + 'static> Replay<T> {
     /// kilobytes: loaded at once, a resume from far back would hold a thousand of them while its
     /// client reads the first few, and the rows of a client that falls behind its send budget
     /// and is cut off would have been read for nothing. Loaded in chunks, a replay holds one
-    /// chunk, and reads no further than its client takes.
+    /// chunk, and reads no further than its client takes. A chunk whose store is unavailable for
+    /// a while is loaded again with backoff, as the history's list is read again: the stream
+    /// waits rather than ending in the middle of its replay. Any other error ends it.
     pub fn loaded<E, L, F>(entries: Vec<E>, through: i64, load: L) -> Self
     where
-        E: Send + 'static,
+        E: Clone + Send + 'static,
         L: FnMut(Vec<E>) -> F + Send + 'static,
         F: Future<Output = AppResult<Vec<T>>> + Send + 'static,
     {
-        let mut entries = entries.into_iter();
-        let chunks = futures_util::stream::iter(std::iter::from_fn(move || {
-            let chunk: Vec<E> = entries.by_ref().take(REPLAY_CHUNK).collect();
-            (!chunk.is_empty()).then_some(chunk)
-        }));
+        let chunks =
+            futures_util::stream::unfold(Some((entries.into_iter(), load)), |state| async move {
+                let (mut entries, mut load) = state?;
+                let chunk: Vec<E> = entries.by_ref().take(REPLAY_CHUNK).collect();
+                if chunk.is_empty() {
+                    return None;
+                }
+                match load_when_available(&mut load, chunk).await {
+                    Ok(events) => Some((Ok(events), Some((entries, load)))),
+                    Err(err) => Some((Err(err), None)),
+                }
+            });
         let events = chunks
-            .then(load)
             .flat_map(|loaded| match loaded {
                 Ok(events) => futures_util::stream::iter(events).map(Ok).left_stream(),
                 Err(err) => futures_util::stream::once(std::future::ready(Err(err))).right_stream(),
             })
             .boxed();
         Replay::Events { events, through }
+    }
+}
+
+/// `load(chunk)`, again after a growing delay for as long as its store is unavailable.
+async fn load_when_available<E, T, L, F>(load: &mut L, chunk: Vec<E>) -> AppResult<Vec<T>>
+where
+    E: Clone,
+    L: FnMut(Vec<E>) -> F,
+    F: Future<Output = AppResult<Vec<T>>>,
+{
+    let mut delay = FIRST_REREAD_DELAY;
+    loop {
+        match load(chunk.clone()).await {
+            Err(err) if err.code() == "UNAVAILABLE" => {
+                tracing::warn!(error = %err, "cannot load a replay's events; loading them again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_REREAD_DELAY);
+            }
+            loaded => return loaded,
+        }
     }
 }
 
@@ -211,7 +242,7 @@ where
                 // is many times the size of the rest of the stream, and an idle subscriber would
                 // otherwise hold room for it for as long as it lives.
                 let mut reading = Box::pin(read_after(Duration::ZERO));
-                let mut delay = Duration::from_millis(100);
+                let mut delay = FIRST_REREAD_DELAY;
                 let mut heard = Vec::new();
                 let outcome = loop {
                     tokio::select! {
@@ -539,6 +570,38 @@ mod tests {
         assert_eq!(rest.len(), 10 * REPLAY_CHUNK - REPLAY_CHUNK - 1);
         assert_eq!(rest.last(), Some(&(10 * REPLAY_CHUNK as i64)));
         assert_eq!(chunks_loaded.load(Ordering::SeqCst), 10);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_whose_store_is_unavailable_is_loaded_again_until_it_is_back() {
+        let attempts = Arc::new(AtomicI64::new(0));
+        let tried = attempts.clone();
+        // The second chunk's store is down for its first two loads.
+        let down_for = Arc::new(AtomicI64::new(2));
+        let head = 2 * REPLAY_CHUNK as i64;
+        let Replay::Events { events, .. } =
+            Replay::loaded((1..=head).collect(), head, move |chunk: Vec<i64>| {
+                tried.fetch_add(1, Ordering::SeqCst);
+                let down = chunk[0] > 1 && down_for.fetch_sub(1, Ordering::SeqCst) > 0;
+                async move {
+                    if down {
+                        return Err(AppError::Unavailable("the store is down"));
+                    }
+                    Ok(chunk)
+                }
+            })
+        else {
+            panic!("a replay of events");
+        };
+        let started = tokio::time::Instant::now();
+        let replayed: Vec<i64> = events.map(Result::unwrap).collect().await;
+        assert_eq!(replayed, (1..=head).collect::<Vec<_>>());
+        assert_eq!(attempts.load(Ordering::SeqCst), 2 + 2);
+        assert!(
+            started.elapsed() >= FIRST_REREAD_DELAY * 3,
+            "loaded again at once: {:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]
