@@ -191,9 +191,15 @@ pub const METRICS: &[Metric] = &[
         initial: NO_LABELS,
     },
     Metric {
-        name: "pulse_article_announcements_lost_total",
+        name: "pulse_article_announcements_deferred_total",
         kind: MetricKind::Counter,
-        help: "articlePublished announcements not delivered because Redis refused the publish",
+        help: "articlePublished announcements Redis could not take at publish time, left to the relay loop",
+        initial: NO_LABELS,
+    },
+    Metric {
+        name: "pulse_article_announcements_late_total",
+        kind: MetricKind::Counter,
+        help: "articlePublished announcements made by the relay loop for publishes that could not make them",
         initial: NO_LABELS,
     },
     Metric {

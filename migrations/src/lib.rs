@@ -13,6 +13,7 @@ mod m20261125_000010_follows_and_feed;
 mod m20261125_000013_trusted_documents;
 mod m20261127_000020_database_identity;
 mod m20261127_000030_search_outbox;
+mod m20261129_000040_publication_announcements;
 
 pub struct Migrator;
 
@@ -31,6 +32,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261125_000013_trusted_documents::Migration),
             Box::new(m20261127_000020_database_identity::Migration),
             Box::new(m20261127_000030_search_outbox::Migration),
+            Box::new(m20261129_000040_publication_announcements::Migration),
         ]
     }
 }

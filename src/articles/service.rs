@@ -126,6 +126,38 @@ const TOO_FAR_BEHIND: &str = "more articles were published since this position t
      holds: subscribe again without `after`, then query `articles` and drop what the \
      subscription also brings";
 
+/// Tells live subscribers about a new article, journaled with its position (see
+/// `lua/article_announce.lua`; an article journaled already is not announced again). The article
+/// is committed already, so a failure is logged, not returned: whether it was announced, and a
+/// publication not announced is announced by the relay loop (`crate::feed::publications`) once
+/// Redis answers.
+pub(crate) async fn announce(redis: &Redis, replay_limit: u32, article: &articles::Model) -> bool {
+    let payload = match serde_json::to_vec(article) {
+        Ok(payload) => payload,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot encode an article event");
+            return false;
+        }
+    };
+    let mut conn = redis.conn.clone();
+    let published = SCRIPTS
+        .article_announce
+        .key(redis.keys.articles_journal())
+        .arg(redis.keys.articles_published_channel())
+        .arg(replay_limit)
+        .arg(article.id)
+        .arg(payload)
+        .arg(redis.target.sharded_publish())
+        .invoke_async::<i64>(&mut conn)
+        .await;
+    if let Err(err) = published {
+        metrics::counter!("pulse_article_announcements_deferred_total").increment(1);
+        tracing::warn!(error = %err, article.id = article.id, "article published but not announced yet; the relay loop will");
+        return false;
+    }
+    true
+}
+
 impl ArticleService {
     pub fn new(
         db: DatabaseConnection,
@@ -153,42 +185,15 @@ impl ArticleService {
     ) -> AppResult<articles::Model> {
         let author_id = actor.require_user()?;
         // The feed's fan-out event commits with the article (an outbox), so a publish while Redis
-        // is unreachable still reaches feeds once it is back.
+        // is unreachable still reaches feeds, and `articlePublished`, once it is back.
         let txn = self.db.begin().await?;
         let article = insert_article(&txn, author_id, title, body).await?;
         let publication = crate::feed::publications::record(&txn, &article).await?;
         crate::search::outbox::record(&txn, [article.id]).await?;
         txn.commit().await?;
-        self.feed_relay.relay_now(&publication).await;
-        self.announce(&article).await;
+        let announced = announce(&self.redis, self.replay_limit, &article).await;
+        self.feed_relay.relay_now(&publication, announced).await;
         Ok(article)
-    }
-
-    /// Tells live subscribers about a new article, journaled with its position (see
-    /// `lua/article_announce.lua`). The article is committed already, so a failure here is
-    /// logged, not returned: the publish succeeded.
-    async fn announce(&self, article: &articles::Model) {
-        let payload = match serde_json::to_vec(article) {
-            Ok(payload) => payload,
-            Err(err) => return tracing::error!(error = %err, "cannot encode an article event"),
-        };
-        let mut conn = self.redis.conn.clone();
-        let published = SCRIPTS
-            .article_announce
-            .key(self.redis.keys.articles_journal())
-            .arg(self.redis.keys.articles_published_channel())
-            .arg(self.replay_limit)
-            .arg(article.id)
-            .arg(payload)
-            .arg(self.redis.target.sharded_publish())
-            .invoke_async::<i64>(&mut conn)
-            .await;
-        if let Err(err) = published {
-            // Until publishing goes through a durable outbox (the feed), an announcement that Redis
-            // could not take is gone; the counter lets operators see how many were.
-            metrics::counter!("pulse_article_announcements_lost_total").increment(1);
-            tracing::warn!(error = %err, article.id = article.id, "article published but not announced");
-        }
     }
 
     /// Articles as they are published (only `author`'s, if given), as their committed rows, in

@@ -14,6 +14,9 @@ pub struct Model {
     pub relayed_at: Option<DateTime>,
     /// When the dispatcher had queued every fan-out chunk: the row's work is durable in Redis.
     pub dispatched_at: Option<DateTime>,
+    /// When its article was announced to `articlePublished` subscribers; without it, the relay
+    /// loop announces it.
+    pub announced_at: Option<DateTime>,
 }
 
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -1,7 +1,10 @@
 //! The publish outbox: an article's fan-out event is recorded in SQL in the article's own
 //! transaction ([`record`]) and relayed to the dispatch stream after the commit ([`Relay`]), so a
-//! publish while Redis is unreachable is relayed once Redis is back, by any process.
+//! publish while Redis is unreachable is relayed once Redis is back, by any process. The row also
+//! says whether the article was announced to `articlePublished` subscribers: one the publish could
+//! not announce, the relay loop announces ([`Relay::announce_pending`]).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sea_orm::sea_query::Expr;
@@ -20,6 +23,10 @@ use crate::error::{AppError, AppResult};
 /// back older than SQL): it is relayed again. Far longer than a dispatch takes, since a row relayed
 /// twice is dispatched twice (harmless, but wasted).
 pub const RELAY_AGAIN_AFTER: Duration = Duration::from_secs(300);
+
+/// How long the relay loop leaves a publication's announcement to its publish, which makes it
+/// right after the commit: a row still unannounced past it is one the publish could not announce.
+pub const ANNOUNCE_GRACE: Duration = Duration::from_secs(2);
 
 /// Rows one relay pass takes.
 const RELAY_BATCH: u64 = 500;
@@ -50,16 +57,22 @@ impl Relay {
         Self { store }
     }
 
-    /// Relays one publication just committed. A failure is logged, not returned: the publish has
-    /// committed, and the relay loop picks the row up.
-    pub async fn relay_now(&self, publication: &feed_publications::Model) {
-        if let Err(err) = self.relay(std::slice::from_ref(publication)).await {
+    /// Relays one publication just committed, and records whether its article was `announced`
+    /// in the same update. A failure is logged, not returned: the publish has committed, and the
+    /// relay loop picks the row up.
+    pub async fn relay_now(&self, publication: &feed_publications::Model, announced: bool) {
+        if let Err(err) = self
+            .relay(std::slice::from_ref(publication), announced)
+            .await
+        {
             metrics::counter!("pulse_feed_relay_deferred_total").increment(1);
             tracing::warn!(error = %err, article.id = publication.article_id, "publication not relayed yet; the relay loop will");
         }
     }
 
-    async fn relay(&self, rows: &[feed_publications::Model]) -> AppResult<()> {
+    /// Appends the rows' dispatch events and marks them relayed (and announced, when the caller
+    /// `announced` their articles).
+    async fn relay(&self, rows: &[feed_publications::Model], announced: bool) -> AppResult<()> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -87,12 +100,13 @@ impl Relay {
         }
         let () = pipe.query_async(&mut conn).await?;
         let ids: Vec<i64> = rows.iter().map(|row| row.id).collect();
-        let update = feed_publications::Entity::update_many()
-            .col_expr(
-                feed_publications::Column::RelayedAt,
-                Expr::value(crate::db::now()),
-            )
+        let now = crate::db::now();
+        let mut update = feed_publications::Entity::update_many()
+            .col_expr(feed_publications::Column::RelayedAt, Expr::value(now))
             .filter(feed_publications::Column::Id.is_in(ids));
+        if announced {
+            update = update.col_expr(feed_publications::Column::AnnouncedAt, Expr::value(now));
+        }
         retry_once(|| update.clone().exec(&self.store.db)).await?;
         metrics::counter!("pulse_feed_relayed_total").increment(rows.len() as u64);
         Ok(())
@@ -113,19 +127,83 @@ impl Relay {
             .order_by_asc(feed_publications::Column::Id)
             .limit(RELAY_BATCH);
         let rows = retry_once(|| query.clone().all(&self.store.db)).await?;
-        self.relay(&rows).await?;
+        self.relay(&rows, false).await?;
         Ok(rows.len())
+    }
+
+    /// Announces the articles of rows whose publish could not (Redis did not answer, or the process
+    /// died first), oldest first, and marks them announced. A row younger than [`ANNOUNCE_GRACE`]
+    /// is left to its publish, which is announcing it. Returns how many it announced; stops at the
+    /// first announcement Redis refuses, for the next pass.
+    pub async fn announce_pending(&self) -> AppResult<usize> {
+        let settled = crate::db::now()
+            - chrono::TimeDelta::from_std(ANNOUNCE_GRACE).unwrap_or(chrono::TimeDelta::MAX);
+        let pending = feed_publications::Entity::find()
+            .select_only()
+            .column(feed_publications::Column::Id)
+            .column(feed_publications::Column::ArticleId)
+            .filter(feed_publications::Column::AnnouncedAt.is_null())
+            .filter(feed_publications::Column::CreatedAt.lt(settled))
+            .order_by_asc(feed_publications::Column::Id)
+            .limit(RELAY_BATCH);
+        let pending: Vec<(i64, i64)> =
+            retry_once(|| pending.clone().into_tuple().all(&self.store.db)).await?;
+        if pending.is_empty() {
+            return Ok(0);
+        }
+        let rows = articles::Entity::find()
+            .filter(articles::Column::Id.is_in(pending.iter().map(|&(_, article)| article)));
+        let mut rows: HashMap<i64, articles::Model> =
+            retry_once(|| rows.clone().all(&self.store.db))
+                .await?
+                .into_iter()
+                .map(|article| (article.id, article))
+                .collect();
+        let mut announced = Vec::new();
+        for (publication, article) in pending {
+            // A deleted article's row goes with it (a cascade): this one was deleted meanwhile.
+            let Some(article) = rows.remove(&article) else {
+                continue;
+            };
+            if !crate::articles::service::announce(
+                &self.store.redis,
+                self.store.settings.replay_limit,
+                &article,
+            )
+            .await
+            {
+                break;
+            }
+            announced.push(publication);
+        }
+        if announced.is_empty() {
+            return Ok(0);
+        }
+        let count = announced.len();
+        let update = feed_publications::Entity::update_many()
+            .col_expr(
+                feed_publications::Column::AnnouncedAt,
+                Expr::value(crate::db::now()),
+            )
+            .filter(feed_publications::Column::Id.is_in(announced));
+        retry_once(|| update.clone().exec(&self.store.db)).await?;
+        metrics::counter!("pulse_article_announcements_late_total").increment(count as u64);
+        Ok(count)
     }
 
     /// Relays pending rows every `interval` until `shutdown`.
     pub async fn run(self, interval: Duration, shutdown: CancellationToken) {
         while !shutdown.is_cancelled() {
-            match self.relay_pending().await {
-                Ok(n) if n as u64 == RELAY_BATCH => continue,
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot relay feed publications; retrying")
-                }
+            let relayed = self.relay_pending().await.inspect_err(
+                |err| tracing::warn!(error = %err, "cannot relay feed publications; retrying"),
+            );
+            let announced = self.announce_pending().await.inspect_err(
+                |err| tracing::warn!(error = %err, "cannot announce publications; retrying"),
+            );
+            if relayed.is_ok_and(|n| n as u64 == RELAY_BATCH)
+                || announced.is_ok_and(|n| n as u64 == RELAY_BATCH)
+            {
+                continue;
             }
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}

@@ -12,7 +12,7 @@ use crate::helpers::{
     OwnRedis, TestApp, article_row, eventually, process_series, redis_subscribers, test_config,
 };
 use crate::subscriptions::{Socket, next_message, open_socket_at, send, subscribed_as};
-use pulse::keys::FeedKeys;
+use pulse::keys::{ArticleKeys, FeedKeys};
 
 const FEED_ITEMS: &str = "subscription { feedItemAdded { cursor node { id title } } }";
 
@@ -96,7 +96,7 @@ async fn a_subscriber_on_one_process_gets_what_an_author_publishes_through_anoth
 }
 
 #[tokio::test]
-async fn an_article_published_while_redis_is_down_reaches_inboxes_and_subscribers_once_after() {
+async fn an_article_published_while_redis_is_down_reaches_inboxes_and_both_streams_once_after() {
     let port = free_port();
     let dir =
         std::env::temp_dir().join(format!("pulse-feed-redis-{port}-{}", rand::random::<u32>()));
@@ -112,6 +112,18 @@ async fn an_article_published_while_redis_is_down_reaches_inboxes_and_subscriber
     bulk_follow(&app, &[watcher, reader], author).await;
     feed_page(&app, &token(&app, reader), 5, None).await;
     let mut socket = subscribed(&app, watcher).await;
+    let mut announced = subscribed_as(
+        &app,
+        json!({}),
+        "subscription { articlePublished { id title } }",
+        json!({}),
+    )
+    .await;
+    let channel = app.state.redis.keys.articles_published_channel();
+    eventually("articlePublished reaches Redis", async || {
+        redis_subscribers(&app, &channel).await > 0
+    })
+    .await;
 
     own.stop().await;
     let published = app
@@ -133,9 +145,25 @@ async fn an_article_published_while_redis_is_down_reaches_inboxes_and_subscriber
         "the publication was not kept for the relay"
     );
 
+    assert_eq!(
+        app.count("feed_publications WHERE announced_at IS NULL")
+            .await,
+        1,
+        "the announcement was not kept for the relay loop"
+    );
+
     let mut own = OwnRedis::start(port, dir).await;
     let message = next_message(&mut socket).await.unwrap();
     assert_eq!(item_id(&message), article, "{message}");
+    let message = next_message(&mut announced).await.unwrap();
+    assert_eq!(
+        article_row(
+            message["payload"]["data"]["articlePublished"]["id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("not an article: {message}"))
+        ),
+        article
+    );
     eventually("the reader's inbox has the article", async || {
         in_inbox(&app, reader, article).await
     })
@@ -147,14 +175,56 @@ async fn an_article_published_while_redis_is_down_reaches_inboxes_and_subscriber
     })
     .await;
     // Exactly once: the next item the subscriber gets is the next article, not the first again.
+    eventually("the publication is announced", async || {
+        app.count("feed_publications WHERE announced_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
     let next = publish(&app, &token(&app, author), "after the outage").await;
     let message = next_message(&mut socket).await.unwrap();
     assert_eq!(item_id(&message), next, "the outage's article came twice");
+    let message = next_message(&mut announced).await.unwrap();
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"], "after the outage",
+        "the outage's article was announced twice: {message}"
+    );
     let page = feed_page(&app, &token(&app, reader), 5, None).await;
     assert_eq!(page.ids, vec![next, article]);
-    drop(socket);
+    drop((socket, announced));
     app.stop().await.unwrap();
     own.stop().await;
+}
+
+#[tokio::test]
+async fn publications_older_than_their_announcement_record_count_as_announced() {
+    use migrations::{Migrator, MigratorTrait as _};
+    use sea_orm::ConnectionTrait as _;
+    let app = TestApp::spawn().await;
+    let people = users(&app, "older", 1).await;
+    publish(&app, &token(&app, people[0]), "before the record").await;
+    let url = app.config.database_url();
+    app.stop().await.unwrap();
+    // The database as it was before `announced_at`, with a publication, migrated again.
+    let db = pulse::db::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    Migrator::down(&db, Some(1)).await.unwrap();
+    Migrator::up(&db, None).await.unwrap();
+    let count = async |condition: &str| -> i64 {
+        db.query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            format!("SELECT COUNT(*) AS n FROM feed_publications WHERE {condition}"),
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get("", "n")
+        .unwrap()
+    };
+    assert_eq!(count("announced_at = created_at").await, 1);
+    assert_eq!(count("announced_at IS NULL").await, 0);
+    db.close().await.unwrap();
 }
 
 /// Milliseconds `user`'s online marker has left to live.

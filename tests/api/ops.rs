@@ -231,12 +231,12 @@ async fn losing_redis_makes_the_hot_path_unavailable_not_broken() {
 }
 
 #[tokio::test]
-async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcement_counted() {
+async fn an_article_published_while_redis_is_down_is_kept_and_its_deferred_announcement_counted() {
     let (app, private) = app_on_a_private_redis().await;
     let (token, _) = app.sign_up("announcer").await;
-    let lost_before = series(
+    let deferred_before = series(
         &app.metrics().await,
-        "pulse_article_announcements_lost_total",
+        "pulse_article_announcements_deferred_total",
     );
 
     private.stop().await;
@@ -246,13 +246,13 @@ async fn an_article_published_while_redis_is_down_is_kept_and_its_lost_announcem
         app.stored_article(&article).await.title,
         "committed without Redis"
     );
-    let lost_after = series(
+    let deferred_after = series(
         &app.metrics().await,
-        "pulse_article_announcements_lost_total",
+        "pulse_article_announcements_deferred_total",
     );
     assert!(
-        lost_after >= lost_before + 1.0,
-        "the lost announcement was not counted: {lost_before} -> {lost_after}"
+        deferred_after >= deferred_before + 1.0,
+        "the deferred announcement was not counted: {deferred_before} -> {deferred_after}"
     );
 }
 
