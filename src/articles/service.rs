@@ -127,20 +127,15 @@ const TOO_FAR_BEHIND: &str = "more articles were published since this position t
      subscription also brings";
 
 /// Tells live subscribers about a new article, journaled with its position (see
-/// `lua/article_announce.lua`; an article journaled already is not announced again). The article
-/// is committed already, so a failure is logged, not returned: whether it was announced, and a
-/// publication not announced is announced by the relay loop (`crate::feed::publications`) once
-/// Redis answers.
-pub(crate) async fn announce(redis: &Redis, replay_limit: u32, article: &articles::Model) -> bool {
-    let payload = match serde_json::to_vec(article) {
-        Ok(payload) => payload,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot encode an article event");
-            return false;
-        }
-    };
+/// `lua/article_announce.lua`; an article journaled already is not announced again).
+pub(crate) async fn announce(
+    redis: &Redis,
+    replay_limit: u32,
+    article: &articles::Model,
+) -> AppResult<()> {
+    let payload = serde_json::to_vec(article).map_err(|err| AppError::Internal(err.to_string()))?;
     let mut conn = redis.conn.clone();
-    let published = SCRIPTS
+    SCRIPTS
         .article_announce
         .key(redis.keys.articles_journal())
         .arg(redis.keys.articles_published_channel())
@@ -149,13 +144,8 @@ pub(crate) async fn announce(redis: &Redis, replay_limit: u32, article: &article
         .arg(payload)
         .arg(redis.target.sharded_publish())
         .invoke_async::<i64>(&mut conn)
-        .await;
-    if let Err(err) = published {
-        metrics::counter!("pulse_article_announcements_deferred_total").increment(1);
-        tracing::warn!(error = %err, article.id = article.id, "article published but not announced yet; the relay loop will");
-        return false;
-    }
-    true
+        .await?;
+    Ok(())
 }
 
 impl ArticleService {
@@ -191,7 +181,14 @@ impl ArticleService {
         let publication = crate::feed::publications::record(&txn, &article).await?;
         crate::search::outbox::record(&txn, [article.id]).await?;
         txn.commit().await?;
-        let announced = announce(&self.redis, self.replay_limit, &article).await;
+        // Committed already: an announcement Redis does not take is the relay loop's to make.
+        let announced = announce(&self.redis, self.replay_limit, &article)
+            .await
+            .inspect_err(|err| {
+                metrics::counter!("pulse_article_announcements_deferred_total").increment(1);
+                tracing::warn!(error = %err, article.id = article.id, "article published but not announced yet; the relay loop will");
+            })
+            .is_ok();
         self.feed_relay.relay_now(&publication, announced).await;
         Ok(article)
     }

@@ -31,6 +31,9 @@ pub const ANNOUNCE_GRACE: Duration = Duration::from_secs(2);
 /// Rows one relay pass takes.
 const RELAY_BATCH: u64 = 500;
 
+/// Publications one pass announces late: each brings its whole article, body and all.
+const ANNOUNCE_BATCH: u64 = 100;
+
 /// Records `article`'s fan-out event; call inside the transaction that inserts the article.
 pub async fn record(
     txn: &impl ConnectionTrait,
@@ -145,7 +148,7 @@ impl Relay {
             .filter(feed_publications::Column::AnnouncedAt.is_null())
             .filter(feed_publications::Column::CreatedAt.lt(settled))
             .order_by_asc(feed_publications::Column::Id)
-            .limit(RELAY_BATCH);
+            .limit(ANNOUNCE_BATCH);
         let pending: Vec<(i64, i64)> =
             retry_once(|| pending.clone().into_tuple().all(&self.store.db)).await?;
         if pending.is_empty() {
@@ -165,13 +168,14 @@ impl Relay {
             let Some(article) = rows.remove(&article) else {
                 continue;
             };
-            if !crate::articles::service::announce(
+            let made = crate::articles::service::announce(
                 &self.store.redis,
                 self.store.settings.replay_limit,
                 &article,
             )
-            .await
-            {
+            .await;
+            if let Err(err) = made {
+                tracing::warn!(error = %err, article.id = article.id, "cannot announce a publication yet; retrying");
                 break;
             }
             announced.push(publication);
@@ -201,7 +205,7 @@ impl Relay {
                 |err| tracing::warn!(error = %err, "cannot announce publications; retrying"),
             );
             if relayed.is_ok_and(|n| n as u64 == RELAY_BATCH)
-                || announced.is_ok_and(|n| n as u64 == RELAY_BATCH)
+                || announced.is_ok_and(|n| n as u64 == ANNOUNCE_BATCH)
             {
                 continue;
             }
