@@ -197,6 +197,48 @@ async fn an_article_published_while_redis_is_down_reaches_inboxes_and_both_strea
 }
 
 #[tokio::test]
+async fn an_announcement_made_but_not_recorded_is_made_again_without_a_second_event() {
+    use sea_orm::ConnectionTrait as _;
+    let app =
+        TestApp::spawn_with(|config| config.feed_relay_interval = Duration::from_millis(200)).await;
+    let people = users(&app, "unrecorded", 1).await;
+    let author = token(&app, people[0]);
+    let mut announced = subscribed_as(
+        &app,
+        json!({}),
+        "subscription { articlePublished { id title } }",
+        json!({}),
+    )
+    .await;
+    let first = publish(&app, &author, "announced, then forgotten").await;
+    let message = next_message(&mut announced).await.unwrap();
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"],
+        "announced, then forgotten"
+    );
+    // As if the process died after Redis took the announcement, before SQL recorded it.
+    app.state
+        .db
+        .execute_unprepared(&format!(
+            "UPDATE feed_publications SET announced_at = NULL WHERE article_id = {first}"
+        ))
+        .await
+        .unwrap();
+    eventually("the relay loop announces it again", async || {
+        app.count("feed_publications WHERE announced_at IS NULL")
+            .await
+            == 0
+    })
+    .await;
+    publish(&app, &author, "the next").await;
+    let message = next_message(&mut announced).await.unwrap();
+    assert_eq!(
+        message["payload"]["data"]["articlePublished"]["title"], "the next",
+        "the journaled article was announced twice: {message}"
+    );
+}
+
+#[tokio::test]
 async fn publications_older_than_their_announcement_record_count_as_announced() {
     use migrations::{Migrator, MigratorTrait as _};
     use sea_orm::ConnectionTrait as _;
