@@ -231,7 +231,7 @@ pub struct Config {
     )]
     pub max_query_complexity: usize,
 
-    /// Largest request body, in bytes.
+    /// Largest request body, and largest message a websocket client may send, in bytes.
     #[arg(long, global = true, env = "PULSE_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
     pub max_body_bytes: usize,
 

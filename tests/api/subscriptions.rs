@@ -338,6 +338,37 @@ async fn subscriptions_survive_a_lost_pubsub_connection() {
 }
 
 #[tokio::test]
+async fn a_message_longer_than_a_request_body_closes_the_socket_as_too_big() {
+    let app = TestApp::spawn().await;
+    let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;
+    assert_eq!(
+        next_message(&mut socket).await.unwrap()["type"],
+        "connection_ack"
+    );
+    let limit = app.config.max_body_bytes;
+    // A message of `length` bytes: a query padded in its extensions.
+    let padded = |id: &str, length: usize| {
+        let bare = json!({ "id": id, "type": "subscribe",
+                           "payload": { "query": "{ __typename }", "extensions": { "pad": "" } } })
+        .to_string();
+        let pad = "p".repeat(length - bare.len());
+        json!({ "id": id, "type": "subscribe",
+                "payload": { "query": "{ __typename }", "extensions": { "pad": pad } } })
+    };
+    let within = padded("1", limit);
+    assert_eq!(within.to_string().len(), limit);
+    send(&mut socket, within).await;
+    let answer = next_message(&mut socket).await.unwrap();
+    assert_eq!(answer["payload"]["data"]["__typename"], "Query", "{answer}");
+
+    let _ = socket
+        .send(Message::Text(padded("2", limit + 1).to_string().into()))
+        .await;
+    let frame = close_frame(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 1009, "{frame:?}");
+}
+
+#[tokio::test]
 async fn a_socket_running_too_many_subscriptions_is_closed_with_policy_violation() {
     let app = TestApp::spawn().await;
     let mut socket = connect(&app, "graphql-transport-ws", json!({})).await;

@@ -74,14 +74,22 @@ pub struct Session {
     pub awaited: Vec<String>,
 }
 
-/// Close codes of the graphql-transport-ws protocol and of a normal websocket close, and 1008
-/// (policy violation) for a socket running more operations at once than Pulse allows. 4500 is in
-/// the protocol but means an internal error: a failure.
-const TRANSPORT_WS_CLOSE_CODES: &[u16] = &[1000, 1001, 1008, 4400, 4401, 4403, 4408, 4409, 4429];
+/// Close codes of the graphql-transport-ws protocol and of a normal websocket close, 1008 (policy
+/// violation) for a socket running more operations at once than Pulse allows, and 4413 for one
+/// whose answers passed its send budget unread: this client reads only between its own sends, so
+/// a few large answers to documents it pipelines can pass it. 4500 is in the protocol but means
+/// an internal error: a failure.
+const TRANSPORT_WS_CLOSE_CODES: &[u16] =
+    &[1000, 1001, 1008, 4400, 4401, 4403, 4408, 4409, 4413, 4429];
 /// The legacy protocol names no close codes of its own: a message it cannot read is a websocket
 /// protocol error (1002); Pulse's init timeout, its code for an operation started before the
-/// acknowledgement (4401) and its limit of operations at once (1008) apply to it too.
-const LEGACY_CLOSE_CODES: &[u16] = &[1000, 1001, 1002, 1008, 4401, 4408];
+/// acknowledgement (4401), its limit of operations at once (1008) and its send budget (4413) apply
+/// to it too.
+const LEGACY_CLOSE_CODES: &[u16] = &[1000, 1001, 1002, 1008, 4401, 4408, 4413];
+/// The longest message Pulse reads from a socket: a request body's limit.
+const MESSAGE_LIMIT: usize = 256 * 1024;
+/// Its close code for a longer one, on either protocol.
+const MESSAGE_TOO_BIG: u16 = 1009;
 
 impl Session {
     /// A session that sends `operations` as subscriptions after an ordinary `connection_init`.
@@ -199,6 +207,7 @@ impl Session {
 
         let mut state = Reading {
             protocol: self.protocol,
+            oversized: outgoing.iter().any(|message| message.len() > MESSAGE_LIMIT),
             pending: self.awaited.clone(),
             closed: None,
             write_failed: false,
@@ -258,6 +267,13 @@ impl Session {
                     format!("the server sent a control frame RFC 6455 forbids: {reason}"),
                 );
             }
+            // Closing on a message past the limit leaves the rest of what the client sent unread,
+            // and TCP answers that with a reset, which may overtake the close frame (an HTTP body
+            // past its limit fares the same).
+            Some(Closed::Abrupt(reason)) if state.oversized && reason.contains("reset") => answer
+                .label(format!(
+                    "ws reset after a message past the limit ({reason})"
+                )),
             Some(Closed::Abrupt(reason)) => {
                 answer.label("ws abrupt end".to_owned());
                 answer.fail(
@@ -291,6 +307,8 @@ enum Closed {
 
 struct Reading {
     protocol: Protocol,
+    /// A message sent is past the server's limit, which it answers with 1009 (message too big).
+    oversized: bool,
     pending: Vec<String>,
     closed: Option<Closed>,
     write_failed: bool,
@@ -332,7 +350,7 @@ impl Reading {
             Message::Close(frame) => {
                 let code = frame.map_or(1005, |frame| u16::from(frame.code));
                 let accepted = self.protocol.accepted_close_codes();
-                if !accepted.contains(&code) {
+                if !(accepted.contains(&code) || self.oversized && code == MESSAGE_TOO_BIG) {
                     answer.fail(
                         "ws close code",
                         format!(

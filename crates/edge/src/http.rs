@@ -795,6 +795,13 @@ fn serve_socket<E: Executor, H: RequestHook>(
         .protocols([protocol.sec_websocket_protocol()])
         .read_buffer_size(WEBSOCKET_READ_BUFFER)
         .write_buffer_size(WEBSOCKET_WRITE_BUFFER)
+        // A client's message is a request, held to a request body's limit: tungstenite's own
+        // (64 MiB) let an anonymous socket make the server hold 256 times what a POST may. A
+        // frame is read whole before its message is found too long, so that the client, its
+        // frame taken, reads the close (1009) rather than a reset; past four limits, a frame is
+        // refused from its header and the client may see the reset.
+        .max_message_size(endpoint.settings.max_body_bytes)
+        .max_frame_size(endpoint.settings.max_body_bytes.saturating_mul(4))
         .on_upgrade(move |socket| async move {
             let _held = admission.on_upgrade.map(|on_upgrade| on_upgrade());
             let settings = &endpoint.settings;

@@ -10,6 +10,7 @@
 //! | 3008 | nothing at all heard from the client within the pong timeout after a ping |
 //! | 4413 | a message past the send budget of a client that does not keep up, which is not an event of a running operation (a snapshot with no unsent one to replace, say) |
 //! | 1001 | the server shuts down ("going away") |
+//! | 1009 | a client message longer than a request body may be (`max_body_bytes`; "message too big") |
 //!
 //! Pings: every ping interval the server sends graphql-transport-ws's `ping`, which its clients
 //! answer with `pong`; on the legacy protocol, whose clients answer nothing, a `ka` and a websocket
@@ -106,6 +107,8 @@ pub const PING_TIMEOUT: u16 = 3008;
 /// The close code of a socket that fell more than its send budget behind on a message that is not
 /// an event of a running operation. The client may reconnect and subscribe again.
 pub const SLOW_CONSUMER: u16 = 4413;
+/// The close code of a socket whose client sent a message past the size limit (RFC 6455's).
+pub const MESSAGE_TOO_BIG: u16 = 1009;
 /// The code of the error that ends an event stream whose client fell more than the send budget
 /// behind: what it missed since `extensions.cursor` must be replayed or re-read.
 pub const RESYNC_REQUIRED: &str = "RESYNC_REQUIRED";
@@ -297,6 +300,9 @@ pub async fn serve<E, OnInit, InitFuture>(
             }, if forward.is_some() => {
                 let message = match received {
                     Some(Ok(message)) => message,
+                    Some(Err(err)) if too_big(&err) => {
+                        break Some(close_frame(MESSAGE_TOO_BIG, "Message too big: more than a request body may hold"));
+                    }
                     // The client's input ended: so does async-graphql's, which then ends the exchange.
                     _ => {
                         forward = None;
@@ -705,6 +711,13 @@ fn complete_message(id: &str) -> String {
         r#"{{"type":"complete","id":{}}}"#,
         serde_json::Value::from(id)
     )
+}
+
+/// Whether a read failed on a message past the socket's size limit (the request body's).
+fn too_big(err: &axum::Error) -> bool {
+    std::error::Error::source(err)
+        .and_then(|source| source.downcast_ref::<tungstenite::Error>())
+        .is_some_and(|err| matches!(err, tungstenite::Error::Capacity(_)))
 }
 
 /// Closes a socket that fell more than its send budget behind on a message nothing could replace.
