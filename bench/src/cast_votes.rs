@@ -25,7 +25,7 @@ use crate::http1::{Extra, GraphqlConnection};
 use crate::load::{self, LoadPlan, Sender, Stop};
 use crate::record_view::graphql;
 use crate::report::{print_table, thousands};
-use crate::server::{Launch, Server};
+use crate::server::Server;
 
 const SMOKE_CLIENTS: u32 = 2;
 const SMOKE_USERS: u32 = 4;
@@ -200,15 +200,12 @@ pub async fn run(args: CastVotesArgs) -> anyhow::Result<()> {
         .build()?;
     let database = BenchDatabase::create(None).await?;
     eprintln!("starting {} (jobs off) ...", args.load.server_bin.display());
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.load.server_bin,
         &args.common.redis_url,
         &http,
-        Launch {
-            database_url: Some(&database.url),
-            env: &[("PULSE_RUN_JOBS", "false")],
-            ..Launch::default()
-        },
+        &database.url,
+        &[("PULSE_RUN_JOBS", "false")],
     )
     .await?;
     let measured = async {

@@ -19,7 +19,7 @@ use crate::ceiling::{parse_csv, shell_line};
 use crate::database::BenchDatabase;
 use crate::load::{self, LoadPlan, Sender, Stop};
 use crate::report::{print_table, thousands};
-use crate::server::{Launch, Server};
+use crate::server::Server;
 use pulse::entities::{articles, follow_counts, follows, users};
 use pulse::keys::FeedKeys;
 
@@ -273,15 +273,12 @@ pub async fn run(args: FeedReadArgs) -> anyhow::Result<()> {
     let fixture = FeedFixture::new();
     let env = fixture.server_env(&[]);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.load.server_bin,
         &args.common.redis_url,
         &http,
-        Launch {
-            database_url: Some(&database.url),
-            env: &env,
-            ..Launch::default()
-        },
+        &database.url,
+        &env,
     )
     .await?;
     let result = measure(

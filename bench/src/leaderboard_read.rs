@@ -17,7 +17,7 @@ use crate::database::BenchDatabase;
 use crate::load::{self, LoadPlan, Sender, Stop};
 use crate::record_view::graphql;
 use crate::report::{print_table, thousands};
-use crate::server::{Launch, Server};
+use crate::server::Server;
 
 const SMOKE_CLIENTS: u32 = 2;
 const SMOKE_READS: u64 = 200;
@@ -78,14 +78,12 @@ pub async fn run(args: LeaderboardReadArgs) -> anyhow::Result<()> {
         .build()?;
     let database = BenchDatabase::create(None).await?;
     eprintln!("starting {} ...", args.load.server_bin.display());
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.load.server_bin,
         &args.common.redis_url,
         &http,
-        Launch {
-            database_url: Some(&database.url),
-            ..Launch::default()
-        },
+        &database.url,
+        &[],
     )
     .await?;
     let measured = async {

@@ -322,15 +322,12 @@ async fn drive(
     database: &BenchDatabase,
 ) -> anyhow::Result<Measured> {
     eprintln!("starting {} (jobs off) ...", args.load.server_bin.display());
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.load.server_bin,
         &args.common.redis_url,
         http,
-        Launch {
-            database_url: Some(&database.url),
-            env: &[("PULSE_RUN_JOBS", "false")],
-            ..Launch::default()
-        },
+        &database.url,
+        &[("PULSE_RUN_JOBS", "false")],
     )
     .await?;
     let prefix = server.redis_prefix.clone();

@@ -13,7 +13,7 @@ use crate::PublishFanoutArgs;
 use crate::database::BenchDatabase;
 use crate::feed_read::{FeedFixture, metric};
 use crate::report::{print_table, thousands};
-use crate::server::{Launch, Server};
+use crate::server::Server;
 
 const SMOKE_SIZES: [u32; 2] = [10, 100];
 const SMOKE_PUBLISHES: u32 = 3;
@@ -40,15 +40,12 @@ pub async fn run(args: PublishFanoutArgs) -> anyhow::Result<()> {
         ("PULSE_FEED_FANOUT_CHUNK", chunk.as_str()),
     ]);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.server_bin,
         &args.common.redis_url,
         &http,
-        Launch {
-            database_url: Some(&database.url),
-            env: &env,
-            ..Launch::default()
-        },
+        &database.url,
+        &env,
     )
     .await?;
     let result = measure(

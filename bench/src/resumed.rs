@@ -20,7 +20,7 @@ use crate::feed_read::{FeedFixture, metric};
 use crate::proc_stats::anonymous_memory;
 use crate::record_view::graphql;
 use crate::report::{MIB, print_table, thousands};
-use crate::server::{Launch, Server};
+use crate::server::Server;
 use crate::stalled::{STALLED_LIMITS, article_body, settle};
 use crate::subscribers::{
     RESERVED_DESCRIPTORS, Socket, SocketLimits, message_type, open, receive, send,
@@ -75,15 +75,12 @@ pub async fn run(args: ResumedArgs) -> anyhow::Result<()> {
     ]);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     eprintln!("starting {} ...", args.server_bin.display());
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.server_bin,
         &args.common.redis_url,
         &http,
-        Launch {
-            database_url: Some(&database.url),
-            env: &env,
-            ..Launch::default()
-        },
+        &database.url,
+        &env,
     )
     .await?;
     let outcome = measure(&server, &database, &users, &http, readers, articles, bytes).await;

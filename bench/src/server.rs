@@ -45,6 +45,23 @@ impl Server {
         Self::launch(bin, redis_url, http, Launch::default()).await
     }
 
+    /// Starts `<bin> serve` on the SQL database at `database_url`, a fresh prefix and `env`, and
+    /// waits until it is ready: what most scenarios run against.
+    pub async fn on_database(
+        bin: &Path,
+        redis_url: &str,
+        http: &reqwest::Client,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let launch = Launch {
+            database_url: Some(database_url),
+            env,
+            ..Launch::default()
+        };
+        Self::launch(bin, redis_url, http, launch).await
+    }
+
     /// Starts `<bin> serve` as `launch` says and waits until it is ready.
     pub async fn launch(
         bin: &Path,

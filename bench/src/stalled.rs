@@ -30,7 +30,7 @@ use crate::load::{self, LoadPlan, LoadResult, Stop};
 use crate::proc_stats::{anonymous_memory, memory};
 use crate::record_view::graphql;
 use crate::report::{MIB, print_table, thousands};
-use crate::server::{Launch, Server};
+use crate::server::Server;
 use crate::subscribers::{
     HANDSHAKES_IN_FLIGHT, RESERVED_DESCRIPTORS, SOCKETS_PER_SOURCE, Socket, SocketLimits, lock,
     message_type, open, receive, send, shorten, subscribe_message,
@@ -1102,15 +1102,12 @@ pub async fn run(args: StalledArgs) -> anyhow::Result<()> {
         args.server_bin.display(),
         thousands(f64::from(stalled))
     );
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.server_bin,
         &args.common.redis_url,
         &http,
-        Launch {
-            database_url: Some(&database.url),
-            env: &env,
-            ..Launch::default()
-        },
+        &database.url,
+        &env,
     )
     .await?;
     let outcome = measure(&args, stalled, budget, &server, &database, &users, &http).await;

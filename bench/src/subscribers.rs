@@ -40,7 +40,7 @@ use crate::http1::{Extra, GraphqlConnection};
 use crate::load::{self, LoadPlan, LoadResult, Sender, Stop};
 use crate::proc_stats::{Cost, CostMeter, clock_ticks_per_second, cpu_ticks, memory};
 use crate::report::{MIB, print_table, thousands};
-use crate::server::{Launch, Server};
+use crate::server::Server;
 use crate::{SubscribersArgs, SubscribersMode};
 
 const SMOKE_SUBSCRIBERS: u32 = 20;
@@ -620,15 +620,12 @@ async fn run_part(args: &SubscribersArgs, part: Part, subscribers: u32) -> anyho
         thousands(f64::from(subscribers)),
         part.name()
     );
-    let mut server = Server::launch(
+    let mut server = Server::on_database(
         &args.server_bin,
         &args.common.redis_url,
         &http,
-        Launch {
-            database_url: Some(&database.url),
-            env: &env,
-            ..Launch::default()
-        },
+        &database.url,
+        &env,
     )
     .await?;
     let outcome = measure(args, part, subscribers, &server, &database, &fixture, &http).await;
